@@ -1,0 +1,396 @@
+"""The `autotune` command: shapes, run, record, merge-caches."""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input: one line on stderr, exit code 2."""
+
+
+def _parse_duration(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise UsageError(f"--budget must look like 90s, 20m or 1.5h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to tune")
+    g.add_argument("--shapes", help="a model family preset: qwen3.5 (default) or qwen3-next")
+    g.add_argument("--model", help="one preset, e.g. qwen3.5-397b-a17b")
+    g.add_argument("--model-config", help="any HF config.json of a MoE model (or its folder)")
+    g.add_argument("--tp", default="1,2,4,8", help="tensor-parallel sizes (list)")
+    g.add_argument("--ep", default="1", help="expert-parallel sizes (list)")
+    g.add_argument("--dtype", help="bf16,fp8_w8a8_block,fp8_w8a8 (default: all the GPU supports)")
+    g.add_argument("--batch-sizes", help="token counts M (default: SGLang's 18, 1..4096)")
+    g.add_argument("--search-space", help="search space YAML (default search_spaces/triton_moe.yaml)")
+
+
+def _problems(args, device=None):
+    from . import models
+
+    ms = models.select_models(args.shapes, args.model, args.model_config)
+    tps = models.parse_int_list(args.tp, "--tp")
+    eps = models.parse_int_list(args.ep, "--ep")
+    dtypes = tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else tuple(models.DTYPES)
+    bss = models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else models.DEFAULT_BATCH_SIZES
+    return models.expand(ms, tps, eps, dtypes, bss)
+
+
+def _print_shared(exp) -> None:
+    for key, others in exp.shared.items():
+        owner = next(p for p in exp.problems if p.file_key == key)
+        for o in others:
+            who = ", ".join(sorted({f"{s[0]} tp{s[1]}" for s in o.sources}))
+            print(f"note: {who} (K={o.K}, top_k={o.top_k}) maps to the same SGLang file as {owner.key}; "
+                  f"that file is tuned for K={owner.K}, top_k={owner.top_k}")
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+def cmd_shapes(args) -> int:
+    from . import device as devmod
+    from .kernels import get_family
+
+    exp = _problems(args)
+    fam = get_family("triton_moe", space_path=args.search_space)
+    targets = [devmod.planned(sm) for sm in (args.target_sm or [])]
+    print(f"{len(exp.problems)} fused-MoE problems; batch sizes {','.join(map(str, exp.problems[0].batch_sizes))}"
+          if exp.problems else "no problems")
+    header = f"{'E':>5} {'N':>5} {'K':>5} {'top_k':>5} {'dtype':<15} {'ep':>3}  used by"
+    if targets:
+        header += "".join(f"  | sm{t.sm} admits (gate_up/down of grid)" for t in targets)
+    print(header)
+    for p in exp.problems:
+        mtp = {(s[0], s[1], s[2]) for s in p.sources if s[3] == "mtp"}
+        used = ", ".join(f"{m} tp{tp}" + (f" ep{ep}" if ep > 1 else "") + (" +MTP" if (m, tp, ep) in mtp else "")
+                         for m, tp, ep, kind in p.sources if kind == "main")
+        line = f"{p.E:>5} {p.N:>5} {p.K:>5} {p.top_k:>5} {p.dtype:<15} {p.ep:>3}  {used}"
+        for t in targets:
+            why = fam.unsupported_reason(p, t)
+            if why:
+                line += f"  | unsupported: {why}"
+                continue
+            counts = []
+            for g in fam.gemms:
+                space = fam.space(p, g, t)
+                ok = sum(1 for c in space.configs() if fam.check(c, p, g, t) is None)
+                counts.append(f"{ok}/{space.size()}")
+            line += f"  | {' / '.join(counts)}"
+        print(line)
+    _print_shared(exp)
+    return 0
+
+
+# --- run -------------------------------------------------------------------------------------
+
+def _open_device(args):
+    """(device, pool, cache or None): the replay cache, or the local GPU(s)."""
+    from . import device as devmod
+    from .records import CacheError, read_cache
+    from .replay import ReplayPool
+    from .worker import Settings, WorkerPool
+
+    if args.replay:
+        try:
+            cache = read_cache(args.replay)
+        except CacheError as e:
+            raise UsageError(str(e))
+        pool = ReplayPool(cache)
+        return pool.device, pool, cache
+    if os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
+        device = devmod.cpu_interpreter()
+        gpus = [0]
+    else:
+        try:
+            device = devmod.detect()
+        except devmod.NoDeviceError:
+            raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on")
+        gpus = list(range(device.gpu_count)) if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
+    from .kernels.triton_moe import tma_supported
+    device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
+    workers = args.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
+    _, problems, _ = _plan(args, device, None)
+    settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=args.seed, skew=args.skew,
+                        routings=args.routings, warmup=[p.to_dict() for p in problems])
+    pool = WorkerPool(settings, workers, gpus=gpus, timeout_s=args.timeout)
+    return device, pool, None
+
+
+def _add_device_args(p) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU")
+    g.add_argument("--gpus", default="0", help="GPU indices to use, or 'all'")
+    g.add_argument("--workers", type=int, help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a trial is killed")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--skew", type=float, default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
+    g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
+
+
+def _plan(args, device, cache):
+    """Problems to run on this device, with the reasons for the ones left out (printed once)."""
+    from .kernels import get_family
+    from .models import ModelError, Problem
+
+    try:
+        exp = _problems(args)
+    except ModelError as e:
+        raise UsageError(str(e))
+    fam = get_family("triton_moe", space_path=args.search_space)
+    run, skipped = [], []
+    for p in exp.problems:
+        why = fam.unsupported_reason(p, device)
+        if why:
+            skipped.append((p, why))
+            continue
+        if cache is not None:
+            rec = cache.problems.get(p.key)
+            if rec is None:
+                skipped.append((p, "not in the replay cache"))
+                continue
+            if not args.batch_sizes:
+                p = Problem.from_dict({**p.to_dict(), "batch_sizes": rec["batch_sizes"], "sources": [list(s) for s in p.sources]})
+        run.append(p)
+    for p in run[:1]:
+        for g in fam.gemms:
+            fam.space(p, g, device)   # a bad search-space file fails here, before any work
+    return exp, run, skipped
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from .export.sglang import export_problem
+    from .fsutil import check_writable
+    from .kernels import get_family
+    from .report import format_table, problem_table
+    from .select import select_problem
+    from .study import Clock, ProblemTuner, TuneSettings
+
+    budget = _parse_duration(args.budget) if args.budget else None
+    if args.trials is not None and args.trials <= 0:
+        raise UsageError("--trials must be positive")
+    try:
+        check_writable(args.out)
+    except OSError as e:
+        raise UsageError(str(e))
+    device, pool, cache = _open_device(args)
+    storage = args.storage or "sqlite:///autotune.db"
+    with pool:
+        exp, problems, skipped = _plan(args, device, cache)
+        label = ("REPLAY of a recorded measurement cache (" + args.replay + "), not a live GPU"
+                 if device.is_replay else f"{device.kind}")
+        print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
+        if device.kind == "cpu-interpreter":
+            print("warning: Triton CPU interpreter: timings exercise the pipeline and mean nothing about speed")
+        for p, why in skipped:
+            print(f"skip {p.key}: {why}")
+        _print_shared(exp)
+        if not problems:
+            raise UsageError("nothing to tune on this device (see the skip lines above)")
+        family = get_family("triton_moe", space_path=args.search_space)
+        settings = TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
+                                neighbours=args.neighbours, use_shipped=not args.no_shipped)
+        clock = Clock(pool)
+        dev_name = device.file_name + ("~replay" if device.is_replay else "")
+        for p in problems:
+            t0 = time.monotonic()
+            with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
+                      desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
+                                     study_device=dev_name)
+                bar.update(sum(s.asked for s in tuner.slots.values()))
+                tuner.measure_baselines()
+                tuner.search()
+            choices = select_problem(tuner, settings.top, settings.careful_repeats)
+            trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
+            run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
+                        "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
+                        "device_seconds": round(clock.device_s(), 1),
+                        "wall_seconds": round(time.monotonic() - t0, 1), "storage": _safe_url(storage),
+                        "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
+            summary = export_problem(args.out, device, p, choices, run_info)
+            print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
+                  f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
+            print(format_table(problem_table(choices, trials)))
+            for M, why in summary["kept"].items():
+                print(f"  M={M}: kept the existing config ({why})")
+            print("  wrote " + "\n  wrote ".join(summary["files"]))
+            if args.record:
+                _record_tuner(args.record, device, p, tuner)
+    return 0
+
+
+def _safe_url(url: str) -> str:
+    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+
+
+def _record_tuner(path, device, problem, tuner) -> None:
+    from .records import Cache, CacheError, read_cache, write_cache
+
+    try:
+        cache = read_cache(path)
+    except CacheError:
+        cache = Cache(device.to_dict())
+    cache.problems[problem.key] = problem.to_dict()
+    for d in tuner.measured.values():
+        for m in d.values():
+            if m.status != "invalid":
+                cache.add(m)
+    write_cache(path, cache)
+
+
+# --- record: measure a whole grid into a cache ---------------------------------------------------
+
+def cmd_record(args) -> int:
+    from tqdm import tqdm
+
+    from .kernels import get_family
+    from .records import Cache, CacheError, config_key, read_cache, write_cache
+    from .worker import Task
+
+    budget = _parse_duration(args.budget) if args.budget else None
+    device, pool, _ = _open_device(args)
+    if device.is_replay:
+        raise UsageError("record measures on a GPU; --replay makes no sense here")
+    family = get_family("triton_moe", space_path=args.search_space)
+    try:
+        cache = read_cache(args.cache) if Path(args.cache).exists() else Cache(device.to_dict())
+    except CacheError as e:
+        raise UsageError(str(e))
+    cache.device = device.to_dict()
+    cache.notes["compile_workers"] = len(pool.slots)
+    shard, nshard = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
+    with pool:
+        _, problems, skipped = _plan(args, device, None)
+        for p, why in skipped:
+            print(f"skip {p.key}: {why}")
+        tasks, base_configs = [], []
+        for p in problems:
+            cache.problems[p.key] = p.to_dict()
+            configs = {g: [] for g in family.gemms}
+            for M in p.batch_sizes:
+                for pair in family.baselines(p, M, device).values():
+                    for g, c in pair.items():
+                        if c not in configs[g]:
+                            configs[g].append(c)
+                            base_configs.append(c)
+            for g in family.gemms:
+                grid = [c for c in family.space(p, g, device).configs() if family.check(c, p, g, device) is None]
+                configs[g] += [c for i, c in enumerate(grid) if i % nshard == shard and c not in configs[g]]
+                for c in configs[g]:
+                    Ms = [M for M in p.batch_sizes if cache.get(p.key, g, M, c) is None]
+                    if Ms:
+                        tasks.append(Task(p.to_dict(), p.key, g, c, Ms))
+        # Random order: a recording cut short by --budget is a uniform sample of the grid, and a
+        # later call (same --cache) measures the rest. Baselines go first.
+        tasks.sort(key=lambda t: 0 if any(t.config == b for b in base_configs) else 1)
+        n_base = sum(1 for t in tasks if any(t.config == b for b in base_configs))
+        rest = tasks[n_base:]
+        random.Random(args.seed).shuffle(rest)
+        tasks = tasks[:n_base] + rest
+        print(f"record: {len(tasks)} configs to measure on {device.name} with {len(pool.slots)} workers"
+              + (f", budget {budget:.0f} s" if budget else ""))
+        t0 = last_write = time.monotonic()
+        with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+            queue = list(tasks)
+            while queue or pool.busy():
+                over = budget is not None and time.monotonic() - t0 > budget
+                while queue and pool.idle() and not over:
+                    pool.submit(queue.pop(0))
+                if over and not pool.busy():
+                    break
+                for task, ms in pool.poll(timeout=0.5):
+                    for m in ms:
+                        cache.add(m)
+                    bar.update(1)
+                if time.monotonic() - last_write > 60:
+                    write_cache(args.cache, cache)
+                    last_write = time.monotonic()
+    write_cache(args.cache, cache)
+    n_ok = sum(1 for m in cache.records.values() if m.ok)
+    print(f"record: {len(cache.records)} measurements ({n_ok} ok) in {args.cache}; "
+          f"{len(queue)} configs left for a later call; {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from .records import CacheError, merge_caches, write_cache
+
+    try:
+        cache = merge_caches(args.caches)
+    except CacheError as e:
+        raise UsageError(str(e))
+    write_cache(args.output, cache)
+    print(f"merged {len(args.caches)} caches: {len(cache.records)} measurements -> {args.output}")
+    return 0
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("shapes", help="print the problems a run would tune")
+    _add_selection(p)
+    p.add_argument("--target-sm", type=int, action="append",
+                   help="also show how many configs each architecture admits (repeatable: 90, 100, 120)")
+    p.set_defaults(fn=cmd_shapes)
+
+    p = sub.add_parser("run", help="tune, select, export SGLang's config files")
+    _add_selection(p)
+    _add_device_args(p)
+    p.add_argument("--trials", type=int, help="measured trials per (GEMM, M) study (default 40)")
+    p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
+    p.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", default="tuned_configs", help="folder for SGLang's files (default tuned_configs)")
+    p.add_argument("--record", help="also write every measurement to this cache file")
+    p.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
+    _add_selection(p)
+    _add_device_args(p)
+    p.add_argument("--cache", required=True, help="cache file to extend (resumes: measured keys are skipped)")
+    p.add_argument("--budget", help="stop submitting after this much wall time, e.g. 8m")
+    p.add_argument("--shard", help="i/n: take every n-th config starting at i")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_record)
+
+    p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
+    p.add_argument("caches", nargs="+")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(fn=cmd_merge)
+    return ap
+
+
+def main(argv=None) -> int:
+    from .models import ModelError
+    from .spaces import SpaceError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (UsageError, ModelError, SpaceError) as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("autotune: interrupted; finished measurements are in the storage, a re-run resumes", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

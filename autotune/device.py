@@ -1,0 +1,114 @@
+"""What GPU is this: name as SGLang writes it, compute capability, shared memory, versions."""
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+# Opt-in shared memory per block (bytes) of the architectures we target, for planning on a
+# machine that does not have the GPU (`autotune shapes --target-sm`).
+SMEM_OPTIN = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
+              110: 232448, 120: 101376, 121: 101376}
+# GPUs we name in reports when planning for them.
+SM_NAMES = {90: "NVIDIA H200", 100: "NVIDIA B200", 120: "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+
+
+class NoDeviceError(RuntimeError):
+    pass
+
+
+def arch_section(sm: int) -> str:
+    """Search-space section for a compute capability: SM103 runs SM100 code, SM121 SM120's."""
+    if sm >= 120:
+        return "sm120"
+    if sm >= 100:
+        return "sm100"
+    return "sm90" if sm >= 90 else f"sm{sm}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str                 # torch.cuda.get_device_name(), e.g. "NVIDIA H200"
+    sm: int                   # compute capability major*10+minor
+    smem_optin: int           # bytes of shared memory a block may opt into
+    num_sms: int = 0
+    driver: str = ""
+    versions: dict = field(default_factory=dict)   # torch, triton, sglang, cuda
+    kind: str = "gpu"         # "gpu" | "replay" | "cpu-interpreter" | "planned"
+    gpu_count: int = 1
+
+    @property
+    def file_name(self) -> str:
+        """The name SGLang puts into config file names and we use as the tuned_configs folder."""
+        return self.name.replace(" ", "_")
+
+    @property
+    def arch(self) -> str:
+        return arch_section(self.sm)
+
+    @property
+    def is_replay(self) -> bool:
+        return self.kind == "replay"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceInfo":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def software_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "triton", "sglang", "optuna", "flashinfer"):
+        try:
+            m = __import__(mod)
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception:
+            continue
+    try:
+        import torch
+        out["cuda"] = torch.version.cuda or ""
+    except Exception:
+        pass
+    return out
+
+
+def _driver_version() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
+    except Exception:
+        return ""
+
+
+def detect(index: int = 0) -> DeviceInfo:
+    """The local CUDA GPU. Raises NoDeviceError where there is none."""
+    import torch
+    if not torch.cuda.is_available():
+        raise NoDeviceError("no CUDA GPU visible")
+    props = torch.cuda.get_device_properties(index)
+    sm = props.major * 10 + props.minor
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or SMEM_OPTIN.get(sm, 0)
+    return DeviceInfo(name=torch.cuda.get_device_name(index), sm=sm, smem_optin=int(smem),
+                      num_sms=props.multi_processor_count, driver=_driver_version(),
+                      versions=software_versions(), kind="gpu", gpu_count=torch.cuda.device_count())
+
+
+def cpu_interpreter() -> DeviceInfo:
+    """Triton's interpreter on the CPU: runs the kernels for tests, its timings mean nothing."""
+    return DeviceInfo(name="CPU Triton interpreter", sm=90, smem_optin=SMEM_OPTIN[90],
+                      versions=software_versions(), kind="cpu-interpreter", gpu_count=1)
+
+
+def planned(sm: int) -> DeviceInfo:
+    if sm not in SMEM_OPTIN:
+        raise NoDeviceError(f"unknown compute capability {sm}; known: {sorted(SMEM_OPTIN)}")
+    return DeviceInfo(name=SM_NAMES.get(sm, f"sm{sm}"), sm=sm, smem_optin=SMEM_OPTIN[sm], kind="planned")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()

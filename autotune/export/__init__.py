@@ -1,0 +1,1 @@
+"""Writers of the files serving stacks load at start-up."""

@@ -1,0 +1,90 @@
+"""SGLang's fused-MoE config files and their provenance.
+
+Layout (so `SGLANG_MOE_CONFIG_DIR=tuned_configs/<device>` works unchanged):
+  tuned_configs/<device>/configs/triton_<x_y_z>/<SGLang's file name>        gate_up, keys = M
+  tuned_configs/<device>/configs/triton_<x_y_z>/<SGLang's file name>_down   down (+ USE_TMA)
+  tuned_configs/<device>/provenance.json                                    how each M was chosen
+The Triton version in the folder is the one the configs were measured with. An existing file
+is merged per M: an entry measured faster on the same device and Triton version is kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..device import DeviceInfo, utc_now
+from ..fsutil import read_json, write_json
+from ..kernels.triton_moe import sglang_file_name
+from ..records import canonical
+from ..select import Choice
+
+PROVENANCE = "provenance.json"
+
+
+def config_dir(out: str | Path, device: DeviceInfo) -> Path:
+    version = device.versions.get("triton", "unknown").replace(".", "_")
+    return Path(out) / device.file_name / "configs" / f"triton_{version}"
+
+
+def _sglang_entry(config: dict) -> dict:
+    return canonical(config)
+
+
+def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[int, Choice],
+                   run: dict) -> dict:
+    """Write (merge) the two files of one problem and its provenance entry. Returns a summary
+    {"files": [...], "kept": {M: why}} naming the M whose existing entries were better."""
+    folder = config_dir(out, device)
+    prov_path = Path(out) / device.file_name / PROVENANCE
+    prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
+    up_name = sglang_file_name(problem, device)
+    down_name = sglang_file_name(problem, device, down=True)
+    old_entry = prov["files"].get(up_name, {})
+    same_stack = (old_entry.get("device") == device.name
+                  and old_entry.get("triton") == device.versions.get("triton"))
+    old_up = read_json(folder / up_name, default={}) or {}
+    old_down = read_json(folder / down_name, default={}) or {}
+
+    per_m: dict = {}
+    up_json, down_json, kept = {}, {}, {}
+    for M in sorted(set(choices) | ({int(k) for k in old_up} if same_stack else set())):
+        new = choices.get(M)
+        if new is None and str(M) in old_up and str(M) in old_down:
+            up_json[str(M)], down_json[str(M)] = old_up[str(M)], old_down[str(M)]
+            if str(M) in old_entry.get("per_M", {}):
+                per_m[str(M)] = old_entry["per_M"][str(M)]
+            continue
+        old = old_entry.get("per_M", {}).get(str(M)) if same_stack else None
+        keep_old = old is not None and str(M) in old_up and str(M) in old_down and (
+            new is None or (old.get("tuned_us") is not None and old["tuned_us"] < new.total_us))
+        if keep_old:
+            up_json[str(M)], down_json[str(M)] = old_up[str(M)], old_down[str(M)]
+            per_m[str(M)] = old
+            if new is not None:
+                kept[M] = f"existing {old['tuned_us']:.2f} us beats new {new.total_us:.2f} us"
+            continue
+        up_json[str(M)] = _sglang_entry(new.gate_up)
+        down_json[str(M)] = _sglang_entry({**new.down, "BLOCK_SIZE_M": new.gate_up["BLOCK_SIZE_M"]})
+        per_m[str(M)] = {
+            "tuned_us": round(new.total_us, 3), "gate_up_us": round(new.gate_up_us, 3),
+            "down_us": round(new.down_us, 3), "source": new.source,
+            "default_us": _r(new.baseline_us.get("default")), "shipped_us": _r(new.baseline_us.get("shipped")),
+            **run.get("per_M", {}).get(M, {}),
+        }
+    write_json(folder / up_name, up_json)
+    write_json(folder / down_name, down_json)
+    prov["device"] = device.to_dict()
+    prov["files"][up_name] = {
+        "down_file": down_name, "problem": problem.to_dict(), "device": device.name,
+        "compute_capability": device.sm, "driver": device.driver, "triton": device.versions.get("triton"),
+        "versions": device.versions, "measured_on": device.kind,
+        "replay_note": ("replayed from a recorded measurement cache, not measured in this run"
+                        if device.is_replay else ""),
+        "date": utc_now(), "run": {k: v for k, v in run.items() if k != "per_M"}, "per_M": per_m,
+        "kept_existing": {str(k): v for k, v in kept.items()},
+    }
+    write_json(prov_path, prov)
+    return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept}
+
+
+def _r(x):
+    return None if x is None else round(x, 3)

@@ -1,0 +1,57 @@
+"""Kernel families: each one small protocol, so the search never knows a backend's rules.
+
+A family says whether it runs on a device, what may be tried (space + check), what SGLang
+would run without tuning (baselines), and how to build inputs, launch one config and
+compute a reference. The runner (autotune.worker) only loops, checks and times.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from ..device import DeviceInfo
+from ..spaces import Space
+
+
+class KernelFamily(Protocol):
+    name: str
+    gemms: tuple[str, ...]
+
+    def unsupported_reason(self, problem, device: DeviceInfo) -> str | None:
+        """None when this family can run `problem` on `device`, else why not."""
+
+    def space(self, problem, gemm: str, device: DeviceInfo) -> Space: ...
+
+    def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
+        """Why `config` must not be launched (before any compile), or None."""
+
+    def baselines(self, problem, M: int, device: DeviceInfo) -> dict[str, dict[str, dict]]:
+        """What SGLang runs untuned: {"default": {gemm: config}, "shipped": {...}}."""
+
+    def make_inputs(self, problem, gemm: str, M: int, *, seed: int, skew: float, routings: int) -> Any: ...
+
+    def compile(self, config: dict, inputs: Any) -> None:
+        """Compile what `run` would launch, without launching (runs outside the GPU lock)."""
+
+    def run(self, config: dict, inputs: Any, routing: int) -> Any:
+        """Launch once on routing set `routing`; returns the output tensor."""
+
+    def reference(self, inputs: Any) -> Any:
+        """Float32 reference of routing set 0's output."""
+
+    def tolerance(self, problem, on_cpu: bool = False) -> float: ...
+
+    def warmup(self, problems: list, on_cpu: bool = False) -> None:
+        """Build once what every worker would otherwise build at the same time (JIT kernels)."""
+
+
+FAMILIES = {"triton_moe": "autotune.kernels.triton_moe:TritonMoe"}
+
+
+def get_family(spec: str, **options) -> KernelFamily:
+    """A family by name, or by "module:Class" (tests inject faulty families this way)."""
+    target = FAMILIES.get(spec, spec)
+    if ":" not in target:
+        raise KeyError(f"unknown kernel family {spec!r}; known: {', '.join(FAMILIES)}")
+    mod, cls = target.split(":", 1)
+    return getattr(importlib.import_module(mod), cls)(**options)

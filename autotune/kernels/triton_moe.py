@@ -1,0 +1,518 @@
+"""SGLang's fused-MoE Triton kernel: the gate_up GEMM and the down GEMM, tuned apart.
+
+Everything here calls SGLang's own code: the kernel (`invoke_fused_moe_kernel`), the block
+alignment, the default-config heuristic and the config-file loader. What this module adds
+is the knowledge the search must not have: which configs can run (shared memory, block-FP8
+tile rules, TMA), how SGLang sizes its buffers per GEMM, and the float32 reference.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from .. import spaces
+from ..device import DeviceInfo
+from ..models import Problem
+
+GEMMS = ("gate_up", "down")
+FP8_MAX = 448.0  # float8_e4m3fn
+# Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
+# 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
+TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
+
+
+# --- SGLang's runtime context and a "device view" for its loader ------------------------------
+
+@functools.lru_cache(maxsize=1)
+def sglang_context():
+    """SGLang's process config published from its default ServerArgs.
+
+    SGLang's default-config and loader functions read `get_exec()` (deterministic mode, fused
+    all-reduce), which raises until a context is published. Default ServerArgs, projected
+    without model resolution, is the smallest honest context: the values a server started
+    without those flags uses.
+    """
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    ctx = rc.RuntimeContext(parallel=rc.ParallelContext())
+    ctx.set_server_args(ServerArgs(model_path=tempfile.gettempdir()))
+    return ctx
+
+
+_TRITON_UTILS = "sglang.srt.layers.moe.moe_runner.triton_utils"
+
+
+def triton_utils_module(name: str):
+    """A submodule of SGLang's triton_utils package.
+
+    The package's __init__ imports fused_moe, which imports the AOT `sgl_kernel` wheel on CUDA.
+    Where that wheel is absent (it is not needed by the modules we use), the package namespace
+    is registered without running its __init__, with its one function the loader reads,
+    `get_config()` (the `override_config` context), answering "no override" as it does when
+    no override is active.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    try:
+        return importlib.import_module(f"{_TRITON_UTILS}.{name}")
+    except ImportError as e:
+        if "sgl_kernel" not in str(e):
+            raise
+    spec = importlib.util.find_spec(_TRITON_UTILS)
+    pkg = importlib.util.module_from_spec(spec)
+    pkg.get_config = lambda: None
+    sys.modules[_TRITON_UTILS] = pkg
+    return importlib.import_module(f"{_TRITON_UTILS}.{name}")
+
+
+def sglang_config_module():
+    return triton_utils_module("fused_moe_triton_config")
+
+
+def builtin_config_dir() -> str:
+    return os.path.dirname(os.path.realpath(sglang_config_module().__file__))
+
+
+@contextlib.contextmanager
+def sglang_view(device: DeviceInfo, config_dir: str | None = None):
+    """Run SGLang's config functions as they behave on `device` (its name, Triton version and
+    shared memory), reading configs from `config_dir` (default: SGLang's built-in folder).
+
+    On the GPU itself the patches are no-ops; they let a replay or a planning run on the CPU
+    answer "what would SGLang load on an H200 / RTX PRO 6000".
+    """
+    import logging
+    import types
+
+    from sglang.srt import runtime_context as rc
+
+    mod = sglang_config_module()
+    log = logging.getLogger(mod.__name__)
+    saved_level = log.level
+    saved = {k: getattr(mod, k) for k in ("get_device_name", "triton", "_get_cuda_shared_memory_per_block_optin")}
+    saved_env = os.environ.get("SGLANG_MOE_CONFIG_DIR")
+    triton_version = device.versions.get("triton") or saved["triton"].__version__
+    try:
+        mod.get_device_name = lambda *a, **k: device.name
+        mod.triton = types.SimpleNamespace(__version__=triton_version)
+        mod._get_cuda_shared_memory_per_block_optin = lambda: device.smem_optin
+        os.environ["SGLANG_MOE_CONFIG_DIR"] = config_dir or builtin_config_dir()
+        mod.get_moe_configs.cache_clear()
+        # Its "config file not found, using default" warning is the expected answer here.
+        log.setLevel(logging.ERROR)
+        with rc.use_context(sglang_context()):
+            yield mod
+    finally:
+        log.setLevel(saved_level)
+        for k, v in saved.items():
+            setattr(mod, k, v)
+        if saved_env is None:
+            os.environ.pop("SGLANG_MOE_CONFIG_DIR", None)
+        else:
+            os.environ["SGLANG_MOE_CONFIG_DIR"] = saved_env
+        mod.get_moe_configs.cache_clear()
+
+
+def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: str | None = None):
+    """(gate_up config, down config, file found) exactly as SGLang's loader picks them at M."""
+    bs = list(problem.block_shape) if problem.block_shape else None
+    with sglang_view(device, config_dir) as mod:
+        found = mod.get_moe_configs(problem.E, problem.N, problem.sglang_dtype,
+                                    bs[0] if bs else 0, bs[1] if bs else 0) is not None
+        up, (down, _) = mod.try_get_optimal_moe_config(
+            (problem.E, 2 * problem.N, problem.K), (problem.E, problem.K, problem.N), problem.top_k,
+            problem.sglang_dtype, M, block_shape=bs, return_down_config=True)
+    up = dict(up)
+    # SGLang runs the down GEMM with `down_config or config`; TMA only from a `_down` file.
+    down = dict(down) if down else {k: v for k, v in up.items() if k != "USE_TMA"}
+    return up, down, found
+
+
+def sglang_file_name(problem: Problem, device: DeviceInfo, down: bool = False) -> str:
+    bs = list(problem.block_shape) if problem.block_shape else None
+    with sglang_view(device) as mod:
+        return mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype, bs, down_moe=down)
+
+
+def tma_supported() -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+# --- the family --------------------------------------------------------------------------------
+
+def smem_estimate(config: dict, problem: Problem, device: DeviceInfo) -> int:
+    """Bytes of shared memory the kernel's software pipeline allocates: one A and one B tile
+    per buffered stage (+ an 8-byte barrier per stage for TMA loads).
+
+    Calibrated on the H200 against 31k compiles (docs/NOTES.md): it splits out-of-resources
+    from runnable configs exactly when tiles of 64+ rows, which SM90 runs on wgmma, buffer
+    num_stages tiles and smaller tiles (mma.sync) num_stages - 1. SM100 is assumed to buffer
+    like SM90 wgmma (the stricter rule) and SM120, which has no wgmma, like mma.sync: both are
+    uncalibrated until measured there.
+    """
+    elem = 1 if problem.dtype.startswith("fp8") else 2
+    bm = config["BLOCK_SIZE_M"]
+    tile = (bm * config["BLOCK_SIZE_K"] + config["BLOCK_SIZE_K"] * config["BLOCK_SIZE_N"]) * elem
+    stages = config.get("num_stages", 3)   # Triton's default when a config leaves it out
+    wgmma_like = 90 <= device.sm < 120 and bm >= 64
+    buffers = stages if wgmma_like else max(1, stages - 1)
+    return buffers * tile + (8 * stages if config.get("USE_TMA") else 0)
+
+
+def compute_dtype(problem: Problem, on_cpu: bool):
+    import torch
+    return torch.float32 if on_cpu else torch.bfloat16
+
+
+@dataclass
+class MoeInputs:
+    problem: Problem
+    gemm: str
+    M: int
+    A: list            # activation per routing set
+    B: object          # weights [E, 2N, K] (gate_up) or [E, K, N] (down)
+    B_scale: object
+    dequant: object    # expert index -> float32 weights as the kernel sees them
+    C: object          # output buffer shared by all routing sets
+    topk_ids: list
+    topk_weights: list
+    on_cpu: bool
+    _aligned: dict = field(default_factory=dict)
+    _sorted_A: dict = field(default_factory=dict)
+    _ref: object = None
+
+
+class TritonMoe:
+    name = "triton_moe"
+    gemms = GEMMS
+
+    def __init__(self, space_path: str | None = None):
+        self.space_path = space_path
+        self._space_doc = None
+
+    # -- what may run ------------------------------------------------------------------------
+    def unsupported_reason(self, problem: Problem, device: DeviceInfo) -> str | None:
+        if device.kind == "cpu-interpreter":
+            return None if problem.dtype == "bf16" else f"{problem.dtype} does not run in Triton's CPU interpreter"
+        if device.sm < 80:
+            return f"SGLang's Triton MoE needs SM80+, this is SM{device.sm}"
+        if problem.dtype.startswith("fp8") and device.sm < 89:
+            return f"{problem.dtype} needs FP8 tensor cores (SM89+), this is SM{device.sm}"
+        return None
+
+    def space(self, problem: Problem, gemm: str, device: DeviceInfo):
+        if self._space_doc is None:
+            self._space_doc = spaces.load(self.name, self.space_path)
+        space = spaces.resolve(self._space_doc, self.name, device.arch, gemm)
+        if "USE_TMA" in space.params and self._tma_unavailable(problem, gemm, device):
+            space = spaces.Space(space.family, {k: v for k, v in space.params.items() if k != "USE_TMA"})
+        return space
+
+    @staticmethod
+    def _tma_unavailable(problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
+        """SGLang reads USE_TMA from both files: on gate_up it loads the weights (B) by TMA, on
+        down both operands, and its kernel implements the A side for block-FP8 only."""
+        if gemm == "down" and not problem.block_shape:
+            return "USE_TMA on the down GEMM (TMA loads of A) is implemented for block-FP8 only"
+        if device.sm < 90 or device.kind == "cpu-interpreter":
+            return "USE_TMA needs SM90+ tensor memory access"
+        if not device.versions.get("triton_tma", True):
+            return "the installed Triton has no tensor descriptors"
+        return None
+
+    def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
+        need = smem_estimate(config, problem, device)
+        if need > device.smem_optin:
+            return f"shared memory estimate {need} B > {device.smem_optin} B opt-in limit"
+        if problem.block_shape:
+            bn, bk = problem.block_shape
+            # One activation/weight scale per K tile: the K tile must not straddle a quant block.
+            if bk % config["BLOCK_SIZE_K"]:
+                return f"block FP8: BLOCK_SIZE_K {config['BLOCK_SIZE_K']} must divide block_k {bk}"
+            if config["BLOCK_SIZE_N"] <= bn and bn % config["BLOCK_SIZE_N"]:
+                return f"block FP8: BLOCK_SIZE_N {config['BLOCK_SIZE_N']} must divide block_n {bn}"
+        if config.get("USE_TMA"):
+            return self._tma_unavailable(problem, gemm, device)
+        return None
+
+    def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
+        """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""
+        with sglang_view(device) as mod:
+            bs = list(problem.block_shape) if problem.block_shape else None
+            default = dict(mod.get_default_config(M, problem.E, problem.N, problem.K, problem.top_k,
+                                                  problem.sglang_dtype, False, bs))
+        out = {"default": {"gate_up": default, "down": dict(default)}}
+        up, down, found = sglang_selection(problem, M, device)
+        if found:
+            out["shipped"] = {"gate_up": up, "down": down}
+        return out
+
+    def tolerance(self, problem: Problem, on_cpu: bool = False) -> float:
+        return TOLERANCE["fp32" if on_cpu else problem.dtype]
+
+    # -- inputs --------------------------------------------------------------------------------
+    def make_inputs(self, problem: Problem, gemm: str, M: int, *, seed: int = 0, skew: float = 0.0,
+                    routings: int = 10, on_cpu: bool = False) -> MoeInputs:
+        """Random weights and activations (never zeros), generated on the device; routing =
+        softmax top-k of random logits, one set per routing so timed replays do not re-read the
+        same experts from L2. `skew` > 0 adds a per-expert bias of that many standard
+        deviations to the logits (hot experts). Weights are shared by all M of a problem."""
+        import torch
+
+        dev = "cpu" if on_cpu else "cuda"
+        E, N, K, k = problem.E, problem.N, problem.K, problem.top_k
+        cdt = compute_dtype(problem, on_cpu)
+        w = self._weights(problem, gemm, seed, dev, cdt)
+        g = torch.Generator(device=dev).manual_seed(seed * 7919 + M * 2 + (gemm == "down"))
+        bias = torch.randn(E, generator=g, device=dev) * skew
+        topk_ids, topk_weights, A = [], [], []
+        rows, in_dim = (M, K) if gemm == "gate_up" else (M * k, N)
+        for _ in range(routings):
+            logits = torch.randn(M, E, generator=g, device=dev) + bias
+            wts, ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+            topk_ids.append(ids.to(torch.int32))
+            topk_weights.append((wts / wts.sum(-1, keepdim=True)).float())
+            A.append(torch.randn(rows, in_dim, generator=g, device=dev).to(cdt))
+        C = torch.empty((M * k, 2 * N) if gemm == "gate_up" else (M, k, K), dtype=cdt, device=dev)
+        return MoeInputs(problem, gemm, M, A, w[0], w[1], w[2], C, topk_ids, topk_weights, on_cpu)
+
+    def _weights(self, problem: Problem, gemm: str, seed: int, dev: str, cdt):
+        """(B, B_scale, dequant(e) -> float32 [rows, cols] of expert e), cached for one problem."""
+        import torch
+
+        key = (problem.key, gemm, seed, dev)
+        cache = self.__dict__.setdefault("_weight_cache", {})
+        if key not in cache:
+            for k in [k for k in cache if k[0] != problem.key]:
+                del cache[k]
+            E, N, K = problem.E, problem.N, problem.K
+            rows, cols = (2 * N, K) if gemm == "gate_up" else (K, N)
+            g = torch.Generator(device=dev).manual_seed(seed * 104729 + (gemm == "down"))
+            parts, scales = [], []
+            for e0 in range(0, E, 32):   # chunks bound the float32 temporaries
+                w = torch.randn((min(32, E - e0), rows, cols), generator=g, device=dev) / cols ** 0.5
+                q, sc = self._quantize(problem, w, cdt)
+                parts.append(q)
+                scales.append(sc)
+                del w
+            B = torch.cat(parts)
+            B_scale = torch.cat(scales) if scales[0] is not None else None
+            cache[key] = (B, B_scale, functools.partial(_dequant, problem, B, B_scale))
+        return cache[key]
+
+    def _quantize(self, problem: Problem, w, cdt):
+        """bf16 weights as is; FP8 weights with a per-block (128x128) or per-expert scale."""
+        import torch
+
+        if problem.dtype == "bf16":
+            return w.to(cdt), None
+        fp8 = torch.float8_e4m3fn
+        E, R, C = w.shape
+        if problem.block_shape:
+            bn, bk = problem.block_shape
+            rb, cb = -(-R // bn), -(-C // bk)
+            pad = torch.zeros(E, rb * bn, cb * bk, device=w.device)
+            pad[:, :R, :C] = w
+            blocks = pad.view(E, rb, bn, cb, bk)
+            scale = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-12) / FP8_MAX      # [E, rb, cb]
+            q = (blocks / scale[:, :, None, :, None]).to(fp8).view(E, rb * bn, cb * bk)[:, :R, :C]
+            return q.contiguous(), scale.float()
+        scale = w.abs().amax(dim=(1, 2)).clamp(min=1e-12) / FP8_MAX                 # [E]
+        return (w / scale[:, None, None]).to(fp8), scale.float()
+
+    def aligned(self, inputs: MoeInputs, block_m: int, routing: int):
+        key = (block_m, routing)
+        if key not in inputs._aligned:
+            fn = cpu_align_block_size if inputs.on_cpu else sglang_align_block_size
+            inputs._aligned[key] = fn(inputs.topk_ids[routing], block_m, inputs.problem.E)
+        return inputs._aligned[key]
+
+    def _tma_sorted_A(self, inputs: MoeInputs, block_m: int, routing: int):
+        """The down GEMM's A in SGLang's TMA layout: rows in expert-sorted, block-padded order."""
+        import torch
+
+        key = (block_m, routing)
+        if key not in inputs._sorted_A:
+            sorted_ids, _, _ = self.aligned(inputs, block_m, routing)
+            A = inputs.A[routing]
+            valid = sorted_ids < A.shape[0]
+            out = torch.zeros((sorted_ids.shape[0], A.shape[1]), dtype=A.dtype, device=A.device)
+            out[valid] = A[sorted_ids[valid].long()]
+            inputs._sorted_A[key] = out
+        return inputs._sorted_A[key]
+
+    def warmup(self, problems: list[Problem], on_cpu: bool = False) -> None:
+        """Build, once per machine, the JIT kernels SGLang's path needs for these problems'
+        dtypes (alignment for small and large batches, activation quantization)."""
+        if on_cpu:
+            return
+        import torch
+
+        seen = set()
+        for p in problems:
+            if p.dtype in seen:
+                continue
+            seen.add(p.dtype)
+            for gemm in self.gemms:
+                for M in (1, 64):
+                    inputs = self.make_inputs(p, gemm, M, routings=1)
+                    cfg = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                           "num_warps": 4, "num_stages": 2}
+                    self.run(cfg, inputs, 0)
+            torch.cuda.synchronize()
+
+    # -- launch and reference ------------------------------------------------------------------
+    def compile(self, config: dict, inputs: MoeInputs) -> None:
+        """Compile (and cache) the kernel variant `run` would launch, without launching it:
+        SGLang's own call path with Triton's warm-up mode switched on for the MoE kernel, so
+        the compile key is exactly the one of the real launch. (Triton's CPU interpreter
+        compiles nothing.)"""
+        if inputs.on_cpu:
+            return
+        from sglang.kernels.ops.moe import fused_moe_triton_kernels as kmod
+
+        kernel = kmod.fused_moe_kernel
+        launch = kernel.run
+
+        def compile_only(*args, grid, warmup, **kwargs):
+            return launch(*args, grid=grid, warmup=True, **kwargs)
+
+        kernel.run = compile_only
+        try:
+            self.run(config, inputs, 0)
+        finally:
+            del kernel.run
+
+    def run(self, config: dict, inputs: MoeInputs, routing: int):
+        import torch
+        import triton.language as tl
+        from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+
+        p = inputs.problem
+        cfg = dict(config)
+        use_tma = bool(cfg.pop("USE_TMA", False))
+        sorted_ids, expert_ids, ntp = self.aligned(inputs, cfg["BLOCK_SIZE_M"], routing)
+        ctype = tl.float32 if inputs.on_cpu else tl.bfloat16
+        fp8 = p.dtype.startswith("fp8")
+        common = dict(compute_type=ctype, use_fp8_w8a8=fp8, use_int8_w8a8=False, use_int8_w8a16=False,
+                      use_int4_w4a16=False, per_channel_quant=False,
+                      block_shape=list(p.block_shape) if p.block_shape else None,
+                      filter_expert=p.ep > 1)
+        tw, tid = inputs.topk_weights[routing], inputs.topk_ids[routing]
+        if inputs.gemm == "gate_up":
+            invoke_fused_moe_kernel(inputs.A[routing], inputs.B, None, inputs.C, None, inputs.B_scale, None,
+                                    tw, tid, sorted_ids, expert_ids, ntp, False, p.top_k, cfg,
+                                    b_use_tma=use_tma, **common)
+        else:
+            A = self._tma_sorted_A(inputs, cfg["BLOCK_SIZE_M"], routing) if use_tma else inputs.A[routing]
+            invoke_fused_moe_kernel(A, inputs.B, None, inputs.C, None, inputs.B_scale, None,
+                                    tw, tid, sorted_ids, expert_ids, ntp, True, 1, cfg,
+                                    a_use_tma=use_tma, b_use_tma=use_tma, router_topk=p.top_k, **common)
+        return inputs.C
+
+    def reference(self, inputs: MoeInputs):
+        """Float32 result for routing set 0, grouped by expert (no [M*top_k, N, K] gather)."""
+        import torch
+
+        if inputs._ref is not None:
+            return inputs._ref
+        p = inputs.problem
+        ids = inputs.topk_ids[0].reshape(-1).long()
+        A = self._quantized_activation(p, inputs.A[0])
+        rows = torch.arange(ids.numel(), device=ids.device)
+        src = rows // p.top_k if inputs.gemm == "gate_up" else rows
+        out = torch.zeros((ids.numel(), inputs.B.shape[1]), dtype=torch.float32, device=ids.device)
+        for e in torch.unique(ids).tolist():
+            sel = rows[ids == e]
+            out[sel] = A[src[sel]] @ inputs.dequant(e).T
+        if inputs.gemm == "down":
+            out = (out * inputs.topk_weights[0].reshape(-1, 1)).view(inputs.M, p.top_k, -1)
+        inputs._ref = out
+        return out
+
+    def _quantized_activation(self, p: Problem, A):
+        """The activation as the kernel sees it: SGLang quantizes A to fp8 inside the call
+        (per token and 128-wide group for block FP8, per tensor otherwise)."""
+        import torch
+
+        A = A.float()
+        if not p.dtype.startswith("fp8"):
+            return A
+        if p.block_shape:
+            g = p.block_shape[1]
+            cols = -(-A.shape[1] // g) * g
+            Ag = torch.nn.functional.pad(A, (0, cols - A.shape[1])).view(A.shape[0], -1, g)
+            s = Ag.abs().amax(-1, keepdim=True).clamp(min=1e-10) / FP8_MAX
+            q = (Ag / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+            return q.view(A.shape[0], cols)[:, : A.shape[1]]
+        s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
+        return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+def _dequant(problem: Problem, B, B_scale, e: int):
+    w = B[e].float()
+    if B_scale is None:
+        return w
+    if problem.block_shape:
+        bn, bk = problem.block_shape
+        s = B_scale[e].repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
+        return w * s
+    return w * B_scale[e]
+
+
+# --- block alignment -----------------------------------------------------------------------------
+
+def sglang_align_block_size(topk_ids, block_m: int, num_experts: int):
+    """SGLang's moe_align_block_size wrapper (buffer sizing, small-batch Triton path) as the
+    server calls it. Where the AOT sgl_kernel package is absent, its generic path is pointed at
+    the JIT build of the same op that SGLang registers for CUDA."""
+    wrapper_mod = triton_utils_module("moe_align_block_size")
+
+    if not getattr(wrapper_mod, "_autotune_jit_align", False):
+        try:
+            import sgl_kernel  # noqa: F401
+        except Exception:
+            from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
+
+            def aot_compatible(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad, ignore_invalid=False):
+                if ignore_invalid:
+                    raise RuntimeError("ignore_invalid_expert needs sgl_kernel")
+                jit_align(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad)
+
+            wrapper_mod.sgl_moe_align_block_size = aot_compatible
+        wrapper_mod._autotune_jit_align = True
+    return wrapper_mod.moe_align_block_size(topk_ids, block_m, num_experts)
+
+
+def cpu_align_block_size(topk_ids, block_m: int, num_experts: int):
+    """CPU stand-in for the CUDA alignment op (used only under Triton's interpreter): each
+    expert's (token, slot) ids sorted together and padded to a multiple of block_m with the
+    sentinel numel; one expert id per block; the padded total."""
+    import torch
+
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    sorted_ids, expert_ids, start = [], [], 0
+    for e in range(num_experts):
+        c = int(counts[e])
+        if not c:
+            continue
+        ids = order[start:start + c].tolist() + [numel] * ((-c) % block_m)
+        start += c
+        sorted_ids += ids
+        expert_ids += [e] * (len(ids) // block_m)
+    ntp = len(sorted_ids)
+    return (torch.tensor(sorted_ids, dtype=torch.int32), torch.tensor(expert_ids, dtype=torch.int32),
+            torch.tensor([ntp], dtype=torch.int32))

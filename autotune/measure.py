@@ -1,0 +1,123 @@
+"""Timing and the numerical check.
+
+GPU timing: the launches of several routing sets are captured in one CUDA graph (launch
+gaps vanish, weights are not re-read from L2 across calls), L2 is flushed before each
+replay, each replay is timed with events, and the median per call is kept with the spread
+(interquartile range over median). Under Triton's CPU interpreter the same protocol runs
+with a wall clock: those numbers exercise the pipeline and mean nothing about speed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+L2_FLUSH_BYTES = 256 << 20   # several times the largest L2 we target (H200: 60 MB)
+
+
+@dataclass
+class Timing:
+    median_us: float
+    spread: float        # (p75 - p25) / median over replays
+    samples: int
+    bench_s: float       # wall seconds spent timing
+
+
+def rel_error(out, ref) -> float:
+    import torch
+
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("nan")
+    denom = ref.norm().item() or 1.0
+    return (out - ref).norm().item() / denom
+
+
+def check_output(out, ref, tol: float) -> tuple[bool, str, float]:
+    """(ok, reason, error): NaN/Inf (also an output the kernel never wrote, since outputs are
+    poisoned with NaN first) or a relative error above `tol` fails."""
+    import torch
+
+    o = out.float()
+    bad = (~torch.isfinite(o)).sum().item()
+    if bad:
+        return False, f"{bad} of {o.numel()} outputs NaN/Inf or never written", float("nan")
+    err = rel_error(o, ref)
+    if not err <= tol:
+        return False, f"relative error {err:.3g} > tolerance {tol:.3g}", err
+    return True, "", err
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    xs = sorted(xs)
+    if len(xs) < 4:
+        m = statistics.median(xs)
+        return xs[0], m, xs[-1]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[1], q[2]
+
+
+def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0) -> Timing:
+    """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph."""
+    import torch
+
+    t0 = time.perf_counter()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # One eager call sizes the graph: long kernels need fewer calls per replay to be timed well.
+    start.record()
+    launch(0)
+    end.record()
+    torch.cuda.synchronize()
+    est_ms = start.elapsed_time(end)
+    calls = max(2, min(n_routings, int(target_ms / max(est_ms, 1e-3)) + 1))
+    # Eager pass over every routing set first: per-set buffers (alignment, TMA layouts) are
+    # built outside the graph, so the graph holds kernel launches only.
+    for i in range(calls):
+        launch(i % n_routings)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                launch(i % n_routings)
+    torch.cuda.current_stream().wait_stream(stream)
+    flush = _flush_buffer()
+    graph.replay()  # warm-up
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for s, e in events:
+        flush.zero_()
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    per_call = [s.elapsed_time(e) * 1000.0 / calls for s, e in events]
+    del graph
+    q1, med, q3 = _quartiles(per_call)
+    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0)
+
+
+_FLUSH = None
+
+
+def _flush_buffer():
+    global _FLUSH
+    import torch
+
+    if _FLUSH is None:
+        _FLUSH = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    return _FLUSH
+
+
+def time_cpu(launch, n_routings: int, repeats: int = 3) -> Timing:
+    """Wall-clock stand-in under Triton's interpreter (labelled cpu-interpreter everywhere)."""
+    t0 = time.perf_counter()
+    xs = []
+    for r in range(repeats):
+        s = time.perf_counter()
+        launch(r % n_routings)
+        xs.append((time.perf_counter() - s) * 1e6)
+    q1, med, q3 = _quartiles(xs)
+    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(xs), time.perf_counter() - t0)

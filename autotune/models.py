@@ -1,0 +1,216 @@
+"""Model configs -> the fused-MoE problems to tune.
+
+A problem is one fused-MoE call site as SGLang sees it: E local experts, N = the
+per-rank intermediate size (w2.shape[2]), K = hidden size, top-k, a dtype, and the
+batch sizes M to cover. SGLang names its config file by (E, N, dtype, block_shape)
+only, so problems that differ just in K or top-k share one file: the first one claims
+it and the others are reported as sharing it (see `expand`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# SGLang's tuning batch sizes (benchmark/kernels/fused_moe_triton/common_utils.py).
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+
+class ModelError(ValueError):
+    """Bad model input (unknown preset, config without MoE fields, bad TP/EP)."""
+
+
+@dataclass(frozen=True)
+class MoeModel:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int = 0
+    mtp_layers: int = 0
+    family: str = ""
+
+
+# Values from the HF configs (text_config) of the released checkpoints.
+PRESETS: dict[str, MoeModel] = {
+    m.name: m
+    for m in (
+        MoeModel("qwen3.5-397b-a17b", 4096, 60, 512, 10, 1024, 1024, 1, "qwen3.5"),
+        MoeModel("qwen3.5-122b-a10b", 3072, 48, 256, 8, 1024, 1024, 1, "qwen3.5"),
+        MoeModel("qwen3.5-35b-a3b", 2048, 40, 256, 8, 512, 512, 1, "qwen3.5"),
+        MoeModel("qwen3-next-80b-a3b", 2048, 48, 512, 10, 512, 512, 1, "qwen3-next"),
+    )
+}
+FAMILIES = sorted({m.family for m in PRESETS.values()})
+
+# dtype name on the command line -> (SGLang's dtype selector, block_shape)
+DTYPES: dict[str, tuple[str | None, tuple[int, int] | None]] = {
+    "bf16": (None, None),
+    "fp8_w8a8_block": ("fp8_w8a8", (128, 128)),
+    "fp8_w8a8": ("fp8_w8a8", None),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One fused-MoE shape to tune (both GEMMs, all batch sizes)."""
+
+    E: int
+    N: int
+    K: int
+    top_k: int
+    dtype: str  # a key of DTYPES
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    ep: int = 1
+    # (model, tp, ep, layer kind) that run this shape: provenance only.
+    sources: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False)
+
+    @property
+    def sglang_dtype(self) -> str | None:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def block_shape(self) -> tuple[int, int] | None:
+        return DTYPES[self.dtype][1]
+
+    @property
+    def file_key(self) -> tuple:
+        """What SGLang's file name distinguishes."""
+        return (self.E, self.N, self.dtype)
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the kernel computation (used for studies and caches)."""
+        ep = f",ep={self.ep}" if self.ep > 1 else ""
+        return f"E={self.E},N={self.N},K={self.K},topk={self.top_k},{self.dtype}{ep}"
+
+    def to_dict(self) -> dict:
+        return {"E": self.E, "N": self.N, "K": self.K, "top_k": self.top_k, "dtype": self.dtype,
+                "batch_sizes": list(self.batch_sizes), "ep": self.ep,
+                "sources": [list(s) for s in self.sources]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Problem":
+        return cls(E=d["E"], N=d["N"], K=d["K"], top_k=d["top_k"], dtype=d["dtype"],
+                   batch_sizes=tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), ep=d.get("ep", 1),
+                   sources=tuple(tuple(s) for s in d.get("sources", ())))
+
+
+# --- HF config.json --------------------------------------------------------------------------
+
+_KEYS = {
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+    "top_k": ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k"),
+    "moe_intermediate_size": ("moe_intermediate_size", "expert_intermediate_size", "moe_ffn_hidden_size"),
+    "hidden_size": ("hidden_size", "d_model", "n_embd", "dim"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "shared": ("shared_expert_intermediate_size", "shared_intermediate_size"),
+    "mtp": ("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+}
+
+
+def _first(cfg: dict, names: tuple[str, ...]):
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return None
+
+
+def model_from_hf_config(path: str | Path) -> MoeModel:
+    """Read any HF config.json of a MoE model (text_config when present)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"model config not found: {p}") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"model config {p} is not valid JSON: {e}") from None
+    cfg = raw.get("text_config") or raw
+    # Mixtral-style configs name the expert FFN width plain `intermediate_size`.
+    inter = _first(cfg, _KEYS["moe_intermediate_size"])
+    if inter is None and cfg.get("num_local_experts") is not None:
+        inter = cfg.get("intermediate_size")
+    fields = {
+        "num_experts": _first(cfg, _KEYS["num_experts"]),
+        "top_k": _first(cfg, _KEYS["top_k"]),
+        "moe_intermediate_size": inter,
+        "hidden_size": _first(cfg, _KEYS["hidden_size"]),
+    }
+    missing = [k for k, v in fields.items() if not isinstance(v, int) or v <= 0]
+    if missing:
+        raise ModelError(f"{p} has no MoE fields ({', '.join(missing)} missing): not a MoE model config")
+    name = (raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
+    return MoeModel(name=name, num_layers=int(_first(cfg, _KEYS["num_layers"]) or 0),
+                    shared_expert_intermediate_size=int(_first(cfg, _KEYS["shared"]) or 0),
+                    mtp_layers=int(_first(cfg, _KEYS["mtp"]) or 0), family="custom", **fields)
+
+
+def select_models(shapes: str | None = None, model: str | None = None,
+                  model_config: str | None = None) -> list[MoeModel]:
+    if model_config:
+        return [model_from_hf_config(model_config)]
+    if model:
+        m = PRESETS.get(model.lower())
+        if m is None:
+            raise ModelError(f"unknown model preset {model!r}; known: {', '.join(PRESETS)}")
+        return [m]
+    fam = (shapes or "qwen3.5").lower()
+    models = [m for m in PRESETS.values() if m.family == fam]
+    if not models:
+        raise ModelError(f"unknown shape family {fam!r}; known: {', '.join(FAMILIES)}")
+    return models
+
+
+@dataclass
+class Expansion:
+    problems: list[Problem]
+    # file key -> problems that would have written the same SGLang file with another K/top-k
+    shared: dict[tuple, list[Problem]]
+
+
+def expand(models: list[MoeModel], tps=(1, 2, 4, 8), eps=(1,), dtypes=("bf16",),
+           batch_sizes=DEFAULT_BATCH_SIZES) -> Expansion:
+    """All distinct problems, in model order; SGLang derives moe_tp = tp / ep, N = inter / moe_tp."""
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ModelError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
+    by_key: dict[tuple, Problem] = {}
+    shared: dict[tuple, list[Problem]] = {}
+    for m in models:
+        for tp in tps:
+            for ep in eps:
+                if tp <= 0 or ep <= 0 or tp % ep:
+                    raise ModelError(f"--ep {ep} must divide --tp {tp}")
+                if m.num_experts % ep:
+                    raise ModelError(f"--ep {ep} does not divide {m.name}'s {m.num_experts} experts")
+                moe_tp = tp // ep
+                if m.moe_intermediate_size % moe_tp:
+                    raise ModelError(f"--tp {tp} (moe tp {moe_tp}) does not divide {m.name}'s "
+                                     f"moe_intermediate_size {m.moe_intermediate_size}")
+                kinds = ("main", "mtp") if m.mtp_layers else ("main",)
+                for dtype in dtypes:
+                    p = Problem(E=m.num_experts // ep, N=m.moe_intermediate_size // moe_tp, K=m.hidden_size,
+                                top_k=m.top_k, dtype=dtype, batch_sizes=tuple(batch_sizes), ep=ep)
+                    srcs = tuple((m.name, tp, ep, k) for k in kinds)
+                    owner = by_key.get(p.file_key)
+                    if owner is None:
+                        by_key[p.file_key] = replace(p, sources=srcs)
+                    elif (owner.K, owner.top_k, owner.ep) == (p.K, p.top_k, p.ep):
+                        by_key[p.file_key] = replace(owner, sources=owner.sources + srcs)
+                    else:
+                        shared.setdefault(p.file_key, []).append(replace(p, sources=srcs))
+    return Expansion(list(by_key.values()), shared)
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
+    except ValueError:
+        raise ModelError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ModelError(f"{what} must hold positive integers, got {text!r}")
+    return vals

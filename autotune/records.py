@@ -1,0 +1,149 @@
+"""Measurement records and the measurement cache file.
+
+A record is one (problem, GEMM, M, config) measurement with an explicit status: a failure
+is a record with a reason, never a special timing value. The cache file is gzipped JSON
+lines: a header naming the device and versions, then one record per line. It is what
+`--record` writes and what `--replay` reads in place of a GPU.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+OK = "ok"
+# Failure statuses. "invalid" is rejected before launch (costs nothing).
+INVALID = "invalid"
+COMPILE_ERROR = "compile_error"
+OUT_OF_RESOURCES = "out_of_resources"
+WRONG_RESULT = "wrong_result"
+RUNTIME_ERROR = "runtime_error"
+CRASH = "crash"
+TIMEOUT = "timeout"
+NOT_RECORDED = "not_recorded"   # replay: the cache has no measurement for this
+STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED)
+
+CACHE_KIND = "autotune-measurement-cache"
+CACHE_VERSION = 1
+CONFIG_ORDER = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages", "USE_TMA")
+
+
+def canonical(config: dict) -> dict:
+    """Config in SGLang's key order; USE_TMA only when true (SGLang treats absent as false)."""
+    out = {k: config[k] for k in CONFIG_ORDER if k in config and not (k == "USE_TMA" and not config[k])}
+    out.update({k: v for k, v in sorted(config.items()) if k not in CONFIG_ORDER})
+    return out
+
+
+def config_key(config: dict) -> str:
+    return json.dumps(canonical(config), separators=(",", ":"))
+
+
+@dataclass
+class Measurement:
+    problem: str               # Problem.key
+    gemm: str
+    M: int
+    config: dict
+    status: str
+    reason: str = ""
+    time_us: float | None = None
+    spread: float | None = None
+    error: float | None = None
+    compile_s: float = 0.0     # first launch (compile + load) in its worker
+    bench_s: float = 0.0       # GPU-exclusive timing seconds
+    samples: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def key(self) -> tuple:
+        return (self.problem, self.gemm, self.M, config_key(self.config))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["config"] = canonical(self.config)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Measurement":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def failure(problem: str, gemm: str, M: int, config: dict, status: str, reason: str, **kw) -> Measurement:
+    return Measurement(problem, gemm, M, canonical(config), status, reason[:500], **kw)
+
+
+@dataclass
+class Cache:
+    device: dict
+    records: dict = field(default_factory=dict)   # Measurement.key -> Measurement
+    problems: dict = field(default_factory=dict)  # Problem.key -> Problem.to_dict()
+    notes: dict = field(default_factory=dict)
+
+    def add(self, m: Measurement) -> None:
+        # A later measurement of the same key replaces an earlier one unless the earlier was OK
+        # and the later is not (merging partial recordings keeps what worked).
+        old = self.records.get(m.key)
+        if old is None or m.ok or not old.ok:
+            self.records[m.key] = m
+
+    def get(self, problem: str, gemm: str, M: int, config: dict) -> Measurement | None:
+        return self.records.get((problem, gemm, M, config_key(config)))
+
+
+def write_cache(path: str | Path, cache: Cache) -> None:
+    """Atomic: a temp file beside the target, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", compresslevel=9) as f:
+        f.write(json.dumps({"kind": CACHE_KIND, "version": CACHE_VERSION, "device": cache.device,
+                            "problems": cache.problems, "notes": cache.notes}) + "\n")
+        for m in sorted(cache.records.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
+            f.write(json.dumps(m.to_dict(), separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+class CacheError(ValueError):
+    pass
+
+
+def read_cache(path: str | Path) -> Cache:
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+            header = json.loads(f.readline())
+            if header.get("kind") != CACHE_KIND:
+                raise CacheError(f"{path} is not an autotune measurement cache")
+            if header.get("version") != CACHE_VERSION:
+                raise CacheError(f"{path}: cache version {header.get('version')} not supported (want {CACHE_VERSION})")
+            cache = Cache(header["device"], problems=header.get("problems", {}), notes=header.get("notes", {}))
+            for line in f:
+                if line.strip():
+                    cache.add(Measurement.from_dict(json.loads(line)))
+    except FileNotFoundError:
+        raise CacheError(f"measurement cache not found: {path}") from None
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CacheError(f"{path}: unreadable measurement cache ({e})") from None
+    return cache
+
+
+def merge_caches(paths: list[str | Path]) -> Cache:
+    """Several partial recordings of one device into one cache (device and versions must agree)."""
+    caches = [read_cache(p) for p in paths]
+    base = caches[0]
+    for other, p in zip(caches[1:], paths[1:]):
+        a = {k: base.device.get(k) for k in ("name", "sm")}
+        b = {k: other.device.get(k) for k in ("name", "sm")}
+        if a != b or base.device.get("versions", {}).get("triton") != other.device.get("versions", {}).get("triton"):
+            raise CacheError(f"{p}: recorded on {b} / triton {other.device.get('versions', {}).get('triton')}, "
+                             f"not {a} / triton {base.device.get('versions', {}).get('triton')}")
+        base.problems.update(other.problems)
+        for m in other.records.values():
+            base.add(m)
+    return base

@@ -1,0 +1,73 @@
+"""The replay device: a recorded measurement cache answering like the worker pool.
+
+It is the one stand-in for a GPU. It implements the same submit/idle/poll verbs as
+`worker.WorkerPool`, returns the recorded measurement for each (problem, GEMM, M, config),
+a NOT_RECORDED failure where the cache has none, and charges every answer its recorded
+device seconds (compile time spread over the recording's parallel compilers + timing), so a
+replayed run reports the GPU time it would have cost. Everything it produces is labelled
+"replay" by the caller (device.kind).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from . import records
+from .device import DeviceInfo
+from .records import Cache, Measurement, failure
+from .worker import Task
+
+
+class ReplayPool:
+    """`workers` answers may be outstanding at once, as with that many measurement processes
+    (the search then asks that many configs before it hears back); default 1, sequential."""
+
+    def __init__(self, cache: Cache, parallel_compiles: int | None = None, workers: int = 1):
+        self.cache = cache
+        self.workers = workers
+        self.parallel = parallel_compiles or int(cache.notes.get("compile_workers", 15))
+        self.charged_s = 0.0
+        self.answered = 0
+        self.replaced = 0
+        self._done: deque = deque()
+        self._ids = itertools.count(1)
+
+    @property
+    def device(self) -> DeviceInfo:
+        d = DeviceInfo.from_dict(self.cache.device)
+        return DeviceInfo(**{**d.__dict__, "kind": "replay"})
+
+    def idle(self) -> int:
+        return max(0, self.workers - len(self._done))
+
+    def busy(self) -> int:
+        return len(self._done)
+
+    def submit(self, task: Task) -> None:
+        task.id = next(self._ids)
+        out = []
+        for M in task.Ms:
+            m = self.cache.get(task.problem_key, task.gemm, M, task.config)
+            if m is None:
+                m = failure(task.problem_key, task.gemm, M, task.config, records.NOT_RECORDED,
+                            "no measurement of this config at this M in the replay cache")
+            else:
+                m = Measurement.from_dict(m.to_dict())
+                self.charged_s += m.bench_s + m.compile_s / self.parallel
+            self.answered += 1
+            out.append(m)
+        self._done.append((task, out))
+
+    def poll(self, timeout: float = 0.0) -> list:
+        done = list(self._done)
+        self._done.clear()
+        return done
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,43 @@
+"""Tables for people: per problem, M | default | shipped | tuned | speedup | trials | failed."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .select import Choice
+
+
+def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]) -> pd.DataFrame:
+    rows = []
+    for M in sorted(set(choices) | set(trials)):
+        c = choices.get(M)
+        n, failed = trials.get(M, (0, 0))
+        default = c.baseline_us.get("default") if c else None
+        shipped = c.baseline_us.get("shipped") if c else None
+        ref = min((x for x in (default, shipped) if x is not None), default=None)
+        rows.append({
+            "M": M,
+            "default µs": default,
+            "shipped µs": shipped,
+            "tuned µs": c.total_us if c else None,
+            "speedup": (ref / c.total_us) if c and ref else None,
+            "trials": n,
+            "failed": failed,
+            "winner": c.source if c else "none",
+        })
+    return pd.DataFrame(rows)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    def fmt(col, v):
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return "-"
+        if col == "speedup":
+            return f"{v:.3f}x"
+        if col.endswith("µs"):
+            return f"{v:.2f}"
+        return str(v)
+    cols = list(df.columns)
+    body = [[fmt(c, r[c]) for c in cols] for r in df.to_dict("records")]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: " | ".join(x.rjust(w) for x, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(cols), "-+-".join("-" * w for w in widths)] + [line(b) for b in body])

@@ -1,0 +1,104 @@
+"""Search spaces: YAML ladders per kernel family, resolved for an architecture and a GEMM."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+_TOP_KEYS = {"family", "params", "gemm_params", "arch"}
+_ARCH_KEYS = {"params"}
+
+
+class SpaceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Space:
+    """Ordered value ladders; a config is one value per parameter."""
+
+    family: str
+    params: dict  # name -> tuple of values, in ladder order
+
+    def size(self) -> int:
+        n = 1
+        for v in self.params.values():
+            n *= len(v)
+        return n
+
+    def configs(self):
+        names = list(self.params)
+        for combo in itertools.product(*(self.params[n] for n in names)):
+            yield dict(zip(names, combo))
+
+    def indices_of(self, config: dict) -> dict | None:
+        """Ladder positions of a config, or None when it is not in this space."""
+        if set(config) - set(self.params) and any(config.get(k) for k in set(config) - set(self.params)):
+            return None
+        out = {}
+        for name, ladder in self.params.items():
+            value = config.get(name, False if isinstance(ladder[0], bool) else None)
+            if value not in ladder:
+                return None
+            out[name] = ladder.index(value)
+        return out
+
+    def config_at(self, indices: dict) -> dict:
+        return {name: self.params[name][int(indices[name])] for name in self.params}
+
+
+def _check_ladders(where: str, params) -> dict:
+    if not isinstance(params, dict):
+        raise SpaceError(f"{where}: expected a mapping of parameter -> list of values")
+    out = {}
+    for name, values in params.items():
+        if not isinstance(values, list) or not values:
+            raise SpaceError(f"{where}.{name}: expected a non-empty list of values")
+        if len(set(values)) != len(values):
+            raise SpaceError(f"{where}.{name}: repeated values {values}")
+        out[str(name)] = tuple(values)
+    return out
+
+
+def load(family: str, path: str | Path | None = None) -> dict:
+    """Read and validate search_spaces/<family>.yaml (or `path`)."""
+    p = Path(path) if path else SPACES_DIR / f"{family}.yaml"
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpaceError(f"search space file not found: {p}") from None
+    except yaml.YAMLError as e:
+        raise SpaceError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpaceError(f"{p}: expected a mapping at top level")
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        raise SpaceError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    if doc.get("family") != family:
+        raise SpaceError(f"{p}: family is {doc.get('family')!r}, expected {family!r}")
+    base = _check_ladders(f"{p}:params", doc.get("params"))
+    gemm = {g: _check_ladders(f"{p}:gemm_params.{g}", v) for g, v in (doc.get("gemm_params") or {}).items()}
+    arch = {}
+    for a, sec in (doc.get("arch") or {}).items():
+        sec = sec or {}
+        if not isinstance(sec, dict) or set(sec) - _ARCH_KEYS:
+            raise SpaceError(f"{p}: arch.{a}: unknown key(s) {sorted(set(sec) - _ARCH_KEYS)}; allowed: {sorted(_ARCH_KEYS)}")
+        over = _check_ladders(f"{p}:arch.{a}.params", sec.get("params") or {})
+        bad = set(over) - set(base) - {k for g in gemm.values() for k in g}
+        if bad:
+            raise SpaceError(f"{p}: arch.{a} overrides unknown parameter(s) {sorted(bad)}")
+        arch[str(a)] = over
+    return {"path": str(p), "params": base, "gemm_params": gemm, "arch": arch}
+
+
+def resolve(doc: dict, family: str, arch: str, gemm: str) -> Space:
+    """The ladders for one architecture section and one GEMM."""
+    params = dict(doc["params"])
+    params.update(doc["gemm_params"].get(gemm, {}))
+    for name, ladder in doc["arch"].get(arch, {}).items():
+        if name in params:
+            params[name] = ladder
+    return Space(family=family, params=params)

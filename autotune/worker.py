@@ -1,0 +1,371 @@
+"""Isolated measurement workers.
+
+Each worker is a spawned process bound to one GPU. It builds a problem's inputs once, then for
+each task (one config of one GEMM at several M) compiles (first launch), checks the output
+against the float32 reference and times it. Compiles run in parallel across workers; timing
+takes a per-GPU file lock so only one worker times on a GPU at a time. A compile error,
+out-of-resources, wrong result or exception fails that measurement; a worker that dies
+(SIGSEGV, SIGKILL, a CUDA error that poisons its context) or stops reporting progress for
+`timeout_s` is replaced and the measurements it owed are failed with the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from . import records
+from .records import Measurement, failure
+
+# Messages of a CUDA error after which the process's context cannot be trusted.
+_FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launch failure",
+               "illegal instruction", "device-side assert", "an illegal", "CUDA error: unknown error")
+
+
+@dataclass
+class Settings:
+    family: str = "triton_moe"
+    on_cpu: bool = False          # Triton's interpreter (TRITON_INTERPRET=1), wall-clock timing
+    seed: int = 0
+    skew: float = 0.0
+    routings: int = 10
+    repeats: int = 7
+    env: dict = field(default_factory=dict)
+    # Problems of the run (dicts): the first worker builds the JIT kernels they need (alignment,
+    # activation quantization) before the others start, so N processes do not race N nvcc builds.
+    warmup: list = field(default_factory=list)
+
+
+@dataclass
+class Task:
+    problem: dict                 # Problem.to_dict()
+    problem_key: str
+    gemm: str
+    config: dict
+    Ms: list
+    repeats: int | None = None    # overrides Settings.repeats (careful re-measurements)
+    id: int = 0
+    tag: object = None            # orchestrator bookkeeping, never sent
+
+
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """(status, fatal) for an exception raised by a launch."""
+    name = type(exc).__name__
+    text = f"{name}: {exc}"
+    if name == "OutOfResources" or "out of resource" in text.lower():
+        return records.OUT_OF_RESOURCES, False
+    if ("CompilationError" in name or "CompileTimeAssertionFailure" in name
+            or type(exc).__module__.startswith("triton.compiler") or "PassManager::run failed" in text):
+        return records.COMPILE_ERROR, False
+    if any(s.lower() in text.lower() for s in _FATAL_CUDA):
+        return records.RUNTIME_ERROR, True
+    return records.RUNTIME_ERROR, False
+
+
+def _gpu_lock(lock_dir: str, gpu: int):
+    fd = os.open(os.path.join(lock_dir, f"gpu{gpu}.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    return fd
+
+
+def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool = False) -> None:
+    os.environ.update(settings.env)
+    if settings.on_cpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    try:
+        from .kernels import get_family
+        from .kernels.triton_moe import sglang_context
+        from .models import Problem
+        from sglang.srt import runtime_context as rc
+
+        family = get_family(settings.family)
+        ctx = sglang_context()
+    except BaseException as e:  # pragma: no cover - reported to the pool
+        conn.send(("init_failed", f"{type(e).__name__}: {e}"))
+        return
+    measurer = _Measurer(family, settings, _gpu_lock(lock_dir, gpu))
+    warm_flag = os.path.join(lock_dir, "warm")
+    if first:
+        try:
+            with rc.use_context(ctx):
+                family.warmup([Problem.from_dict(p) for p in settings.warmup], on_cpu=settings.on_cpu)
+        except BaseException as e:
+            conn.send(("init_failed", f"warm-up: {type(e).__name__}: {e}"))
+            return
+        open(warm_flag, "w").close()
+    while not os.path.exists(warm_flag):
+        time.sleep(0.2)
+    conn.send(("ready", os.getpid()))
+    with rc.use_context(ctx):
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg is None:
+                return
+            task: Task = msg
+            problem = Problem.from_dict(task.problem)
+            for M in task.Ms:
+                conn.send(("progress", M))
+                m, fatal = measurer.measure(task, problem, M)
+                conn.send(("result", m.to_dict()))
+                if fatal:
+                    conn.send(("fatal", m.reason))
+                    os._exit(3)
+            conn.send(("done", task.id))
+
+
+class _Measurer:
+    """One worker's measuring: inputs kept per (problem, GEMM, M), the GPU lock, the protocol.
+
+    Every piece of GPU work (building inputs, the reference, the checked launch, timing) runs
+    under the per-GPU lock; only compilation runs outside it. Kernels of other workers would
+    otherwise share the GPU with a timed replay (seen on the H200: 40% inflated timings at
+    large M while 15 workers per GPU checked and built inputs).
+    """
+
+    def __init__(self, family, settings: Settings, lock_fd: int):
+        import torch
+
+        from .measure import check_output, time_cpu, time_gpu
+
+        self.family, self.settings, self.lock_fd = family, settings, lock_fd
+        self.torch, self.check_output, self.time_cpu, self.time_gpu = torch, check_output, time_cpu, time_gpu
+        self.inputs: dict = {}
+
+    @contextlib.contextmanager
+    def gpu(self):
+        if self.settings.on_cpu:   # the interpreter's wall-clock numbers need no exclusivity
+            yield
+            return
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            self.torch.cuda.synchronize()
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def _inputs(self, problem, gemm: str, M: int):
+        key = (problem.key, gemm, M)
+        if key not in self.inputs:
+            # One problem at a time: drop other problems' tensors before allocating.
+            for k in [k for k in self.inputs if k[0] != problem.key]:
+                del self.inputs[k]
+            s = self.settings
+            self.inputs[key] = self.family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
+                                                       routings=s.routings, on_cpu=s.on_cpu)
+        return self.inputs[key]
+
+    def measure(self, task: Task, problem, M: int) -> tuple[Measurement, bool]:
+        """(record, fatal): fatal means this process's CUDA context can no longer be trusted."""
+        cfg, pk, gemm, s = task.config, task.problem_key, task.gemm, self.settings
+
+        def failed(status, why, **kw):
+            return failure(pk, gemm, M, cfg, status, why, **kw)
+
+        stage = "building inputs"
+        try:
+            with self.gpu():
+                inputs = self._inputs(problem, gemm, M)
+            stage = "compiling"
+            t0 = time.perf_counter()
+            self.family.compile(cfg, inputs)
+            compile_s = time.perf_counter() - t0
+        except BaseException as e:
+            status, fatal = classify(e)
+            return failed(status, f"{stage}: {type(e).__name__}: {str(e).strip()[:300]}"), fatal
+        stage = "first launch"
+        try:
+            with self.gpu():
+                ref = self.family.reference(inputs)
+                t0 = time.perf_counter()
+                inputs.C.fill_(float("nan"))
+                out = self.family.run(cfg, inputs, 0)
+                if not s.on_cpu:
+                    self.torch.cuda.synchronize()
+                compile_s += time.perf_counter() - t0
+                ok, reason, err = self.check_output(out, ref, self.family.tolerance(problem, s.on_cpu))
+                if not ok:
+                    return failed(records.WRONG_RESULT, reason, error=err, compile_s=compile_s), False
+                stage = "timing"
+                launch = lambda i: self.family.run(cfg, inputs, i)  # noqa: E731
+                repeats = task.repeats or s.repeats
+                t = (self.time_cpu(launch, s.routings, repeats=min(repeats, 3)) if s.on_cpu
+                     else self.time_gpu(launch, s.routings, repeats=repeats))
+        except BaseException as e:
+            status, fatal = classify(e)
+            return failed(status, f"{stage}: {type(e).__name__}: {str(e).strip()[:300]}", compile_s=compile_s), fatal
+        return Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
+                           compile_s, t.bench_s, t.samples), False
+
+
+@dataclass
+class _Slot:
+    gpu: int
+    proc: object = None
+    conn: object = None
+    ready: bool = False
+    task: Task | None = None
+    pending_Ms: list = field(default_factory=list)
+    current_M: int | None = None
+    results: list = field(default_factory=list)
+    last_beat: float = 0.0
+    fatal: str = ""
+
+
+class WorkerPool:
+    """submit() tasks to idle workers, poll() for finished ones; failures come back as records."""
+
+    def __init__(self, settings: Settings, n_workers: int, gpus=(0,), timeout_s: float = 300.0,
+                 init_timeout_s: float = 600.0):
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.init_timeout_s = init_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._lock_dir = tempfile.mkdtemp(prefix="autotune-locks-")
+        self._ids = itertools.count(1)
+        self._init_failures = 0
+        self.replaced = 0
+        self.slots = [_Slot(gpu=gpus[i % len(gpus)]) for i in range(max(1, n_workers))]
+        for s in self.slots:
+            self._spawn(s)
+
+    # -- process management ----------------------------------------------------------------
+    def _spawn(self, slot: _Slot) -> None:
+        parent, child = self._ctx.Pipe()
+        first = not os.path.exists(os.path.join(self._lock_dir, "warm")) and slot is self.slots[0]
+        slot.proc = self._ctx.Process(target=_worker_main, args=(child, slot.gpu, self._lock_dir, self.settings, first),
+                                      daemon=True)
+        slot.proc.start()
+        child.close()
+        slot.conn, slot.ready, slot.task, slot.last_beat, slot.fatal = parent, False, None, time.monotonic(), ""
+
+    def _kill(self, slot: _Slot) -> None:
+        if slot.proc is not None and slot.proc.is_alive():
+            try:
+                os.kill(slot.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if slot.proc is not None:
+            slot.proc.join(timeout=10)
+        if slot.conn is not None:
+            slot.conn.close()
+
+    def close(self) -> None:
+        for s in self.slots:
+            try:
+                if s.proc is not None and s.proc.is_alive() and s.task is None and s.ready:
+                    s.conn.send(None)
+                    s.proc.join(timeout=5)
+            except Exception:
+                pass
+            self._kill(s)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- tasks -------------------------------------------------------------------------------
+    def idle(self) -> int:
+        return sum(1 for s in self.slots if s.ready and s.task is None)
+
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.task is not None)
+
+    def submit(self, task: Task) -> None:
+        slot = next(s for s in self.slots if s.ready and s.task is None)
+        task.id = next(self._ids)
+        slot.task, slot.pending_Ms, slot.results = task, list(task.Ms), []
+        slot.current_M, slot.last_beat = None, time.monotonic()
+        tag, task.tag = task.tag, None
+        try:
+            slot.conn.send(task)
+        finally:
+            task.tag = tag
+
+    def poll(self, timeout: float = 0.1) -> list[tuple[Task, list[Measurement]]]:
+        """Finished tasks (with one record per M each), waiting at most `timeout` seconds."""
+        done: list = []
+        waitables = [s.conn for s in self.slots if s.conn is not None]
+        if waitables:
+            wait(waitables, timeout=timeout)
+        now = time.monotonic()
+        for s in self.slots:
+            try:
+                while s.conn.poll():
+                    self._handle(s, s.conn.recv(), done)
+            except (EOFError, OSError):
+                self._died(s, done)
+                continue
+            if s.proc is not None and not s.proc.is_alive():
+                self._died(s, done)
+            elif s.task is not None and now - s.last_beat > self.timeout_s:
+                self._fail_task(s, records.TIMEOUT, f"no progress for {self.timeout_s:.0f} s (hang); worker killed", done)
+            elif not s.ready and now - s.last_beat > self.init_timeout_s:
+                self._kill(s)
+                raise RuntimeError(f"measurement worker did not start within {self.init_timeout_s:.0f} s")
+        return done
+
+    def _handle(self, s: _Slot, msg, done: list) -> None:
+        kind = msg[0]
+        s.last_beat = time.monotonic()
+        if kind == "ready":
+            s.ready = True
+            self._init_failures = 0
+        elif kind == "init_failed":
+            self._init_failures += 1
+            if self._init_failures >= 3:
+                raise RuntimeError(f"measurement worker cannot start: {msg[1]}")
+        elif kind == "progress":
+            s.current_M = msg[1]
+        elif kind == "result":
+            m = Measurement.from_dict(msg[1])
+            s.results.append(m)
+            if m.M in s.pending_Ms:
+                s.pending_Ms.remove(m.M)
+        elif kind == "fatal":
+            s.fatal = msg[1]
+        elif kind == "done" and s.task is not None:
+            done.append((s.task, s.results))
+            s.task, s.results, s.pending_Ms = None, [], []
+
+    def _died(self, s: _Slot, done: list) -> None:
+        if s.proc is not None:
+            s.proc.join(timeout=5)   # its pipe closes a moment before the exit status is known
+        code = s.proc.exitcode if s.proc is not None else None
+        if code is not None and code < 0:
+            try:
+                sig = signal.Signals(-code).name
+            except ValueError:
+                sig = f"signal {-code}"
+            why = f"worker killed by {sig}"
+        else:
+            why = f"worker exited with code {code}"
+        if s.fatal:
+            why = f"CUDA context lost ({s.fatal}); {why}"
+        if s.task is not None:
+            self._fail_task(s, records.CRASH, why, done)
+        else:
+            self._kill(s)
+            self._spawn(s)
+
+    def _fail_task(self, s: _Slot, status: str, why: str, done: list) -> None:
+        task = s.task
+        at = f" at M={s.current_M}" if s.current_M is not None else ""
+        for M in s.pending_Ms:
+            s.results.append(failure(task.problem_key, task.gemm, M, task.config, status, why + at))
+        done.append((task, s.results))
+        self._kill(s)
+        self.replaced += 1
+        self._spawn(s)

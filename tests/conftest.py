@@ -1,0 +1,30 @@
+import os
+
+# SGLang's Triton kernels run in Triton's CPU interpreter (fp32) in these tests; the variable
+# must be set before triton.jit decorates them, i.e. before any sglang kernel import.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GRID = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
+
+
+@pytest.fixture(scope="session")
+def grid_cache():
+    from autotune.records import read_cache
+    return read_cache(GRID)
+
+
+@pytest.fixture(scope="session")
+def h200(grid_cache):
+    from autotune.device import DeviceInfo
+    return DeviceInfo.from_dict(grid_cache.device)
+
+
+@pytest.fixture
+def qwen397_bf16():
+    from autotune.models import Problem
+    return Problem(E=512, N=128, K=4096, top_k=10, dtype="bf16", batch_sizes=(1, 8, 32, 64, 256, 1024, 4096))

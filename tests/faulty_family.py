@@ -1,0 +1,74 @@
+"""A kernel family whose configs misbehave on purpose, to test the worker isolation.
+
+config["mode"]: ok | nan_at_2 (NaN at M=2 only) | zeros | unwritten | crash (SIGSEGV) |
+hang | compile (compile error) | oor (out of resources) | cuda_fatal (poisoned context)
+"""
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+from autotune.spaces import Space
+
+MODES = ("ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal")
+
+
+class CompilationError(Exception):
+    pass
+
+
+class OutOfResources(Exception):
+    pass
+
+
+class Faulty:
+    name = "faulty"
+    gemms = ("g",)
+
+    def unsupported_reason(self, problem, device):
+        return None
+
+    def space(self, problem, gemm, device):
+        return Space("faulty", {"mode": MODES})
+
+    def check(self, config, problem, gemm, device):
+        return None
+
+    def baselines(self, problem, M, device):
+        return {}
+
+    def warmup(self, problems, on_cpu=False):
+        pass
+
+    def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=1, on_cpu=True):
+        import torch
+        return SimpleNamespace(M=M, C=torch.empty(8), x=torch.arange(8.0) + M)
+
+    def compile(self, config, inputs):
+        if config["mode"] == "compile":
+            raise CompilationError("at 12:4: unsupported layout")
+
+    def run(self, config, inputs, routing):
+        mode = config["mode"]
+        if mode == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "oor":
+            raise OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
+        if mode == "cuda_fatal":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if mode == "unwritten":
+            return inputs.C
+        inputs.C.copy_(inputs.x)
+        if mode == "zeros":
+            inputs.C.zero_()
+        if mode == "nan_at_2" and inputs.M == 2:
+            inputs.C[3] = float("nan")
+        return inputs.C
+
+    def reference(self, inputs):
+        return inputs.x
+
+    def tolerance(self, problem, on_cpu=False):
+        return 1e-6

@@ -1,0 +1,62 @@
+"""The search's own rules: shared BLOCK_SIZE_M pairs, neighbour sharing, budgets."""
+import optuna
+
+from autotune.kernels import get_family
+from autotune.records import Measurement
+from autotune.replay import ReplayPool
+from autotune.select import candidate_pairs
+from autotune.study import ProblemTuner, TuneSettings
+
+
+def _m(gemm, bm, bn, t):
+    return Measurement("p", gemm, 8, {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn}, "ok", time_us=t)
+
+
+def test_pairs_share_block_m_and_minimise_the_sum():
+    gate_up = [_m("gate_up", 16, 64, 10.0), _m("gate_up", 32, 64, 11.0), _m("gate_up", 64, 64, 15.0)]
+    down = [_m("down", 64, 32, 5.0), _m("down", 32, 32, 6.0), _m("down", 16, 32, 9.0)]
+    # the separate minima (bm 16 + bm 64) cannot run together; bm 32 (17 us) beats bm 16 (19) and bm 64 (20)
+    best = candidate_pairs(gate_up, down, top=3)
+    assert [(g["BLOCK_SIZE_M"], d["BLOCK_SIZE_M"], t) for g, d, t in best] == [(32, 32, 17.0), (16, 16, 19.0), (64, 64, 20.0)]
+
+
+def test_failed_measurements_never_form_pairs():
+    bad = Measurement("p", "down", 8, {"BLOCK_SIZE_M": 16}, "wrong_result", time_us=1.0)
+    assert candidate_pairs([_m("gate_up", 16, 64, 10.0)], [bad], top=3) == []
+
+
+def _tuner(grid_cache, **kw):
+    from autotune.models import Problem
+
+    p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8, 32]})
+    pool = ReplayPool(grid_cache)
+    t = ProblemTuner(optuna.storages.InMemoryStorage(), p, get_family("triton_moe"), pool.device, pool,
+                     TuneSettings(**kw))
+    return t, pool
+
+
+def test_asked_configs_are_also_measured_at_neighbouring_M(grid_cache):
+    t, _ = _tuner(grid_cache, trials=4, seed=3)
+    t.measure_baselines()
+    t.search()
+    shared = [tr for tr in t.slots["gate_up", 8].study.trials if "shared_from" in tr.user_attrs]
+    assert shared and {tr.user_attrs["shared_from"] for tr in shared} <= {1, 32}
+    # M=8 learned configs asked at M=1 and M=32 without asking them itself
+    assert len(t.measured["gate_up", 8]) > t.slots["gate_up", 8].asked
+
+
+def test_evaluation_budget_is_respected(grid_cache):
+    t, pool = _tuner(grid_cache, trials=1000, max_evaluations=120)
+    t.measure_baselines()
+    t.search()
+    assert 120 <= t.evaluations() < 120 + 6       # at most one in-flight trial's neighbours past it
+
+
+def test_rejected_configs_cost_no_device_time(grid_cache):
+    t, pool = _tuner(grid_cache, trials=8, seed=1)
+    t.measure_baselines()
+    t.search()
+    invalid = [tr for s in t.slots.values() for tr in s.study.trials
+               if tr.user_attrs.get("measurement", {}).get("status") == "invalid"]
+    assert invalid                                   # the sampler did propose over-limit tiles...
+    assert pool.answered == t.evaluations()          # ...and none of them reached the device

@@ -1,0 +1,118 @@
+"""The exported files are read by SGLang's own loader exactly as it reads its shipped ones."""
+import json
+
+import pytest
+
+from autotune.device import DeviceInfo
+from autotune.export.sglang import config_dir, export_problem
+from autotune.kernels.triton_moe import TritonMoe, sglang_file_name, sglang_selection
+from autotune.models import Problem
+from autotune.select import Choice
+
+UP = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+DOWN = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3,
+        "USE_TMA": True}
+BIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3}
+
+
+def _choice(M, up, down, t=10.0):
+    return Choice(M, up, down, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None})
+
+
+@pytest.fixture
+def rtx():
+    return DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376, versions={"triton": "3.6.0"})
+
+
+def test_file_names_are_sglangs(rtx):
+    p = Problem(512, 128, 4096, 10, "fp8_w8a8_block")
+    assert sglang_file_name(p, rtx) == (
+        "E=512,N=128,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,dtype=fp8_w8a8,block_shape=[128, 128].json")
+    assert sglang_file_name(p, rtx, down=True).endswith("block_shape=[128, 128]_down.json")
+    assert sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), rtx).endswith("Server_Edition.json")
+
+
+def test_sglang_loader_reads_export_and_picks_the_tuned_config_per_M(tmp_path, rtx):
+    p = Problem(512, 128, 4096, 10, "fp8_w8a8_block", batch_sizes=(1, 64, 4096))
+    choices = {1: _choice(1, UP, DOWN), 64: _choice(64, UP, {**DOWN, "USE_TMA": False}),
+               4096: _choice(4096, BIG, {**BIG, "BLOCK_SIZE_N": 64})}
+    export_problem(tmp_path, rtx, p, choices, {})
+    folder = config_dir(tmp_path, rtx)
+    assert folder.name == "triton_3_6_0"
+    for M, want_up, want_down in [(1, UP, DOWN), (2, UP, DOWN), (64, UP, None), (3000, BIG, None)]:
+        up, down, found = sglang_selection(p, M, rtx, config_dir=str(tmp_path / rtx.file_name))
+        assert found
+        assert up == want_up                      # nearest key, as SGLang picks it
+        assert down["BLOCK_SIZE_M"] == up["BLOCK_SIZE_M"]
+        if want_down:
+            assert down == want_down              # the _down file, TMA flag included
+    assert json.loads((folder / sglang_file_name(p, rtx)).read_text()).keys() == {"1", "64", "4096"}
+
+
+def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, monkeypatch):
+    """A server with a different Triton still finds the file (SGLang's newest-other-version rule)."""
+    import triton
+
+    from autotune.kernels.triton_moe import sglang_config_module
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
+    export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP)}, {})
+    mod = sglang_config_module()
+    assert triton.__version__ != "3.6.0"
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path / rtx.file_name))
+    monkeypatch.setattr(mod, "get_device_name", lambda *a: rtx.name)
+    from autotune.kernels.triton_moe import sglang_context
+    from sglang.srt import runtime_context as rc
+
+    mod.get_moe_configs.cache_clear()
+    with rc.use_context(sglang_context()):
+        configs = mod.get_moe_configs(512, 128, None)
+    mod.get_moe_configs.cache_clear()
+    assert configs == {8: UP}
+
+
+def test_baselines_are_sglangs_default_and_shipped_files(h200, rtx):
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "bf16")
+    b = fam.baselines(p, 8, h200)
+    # SGLang's bf16 default for M <= E, and its shipped H200 file (found through its Triton fallback)
+    assert b["default"]["gate_up"] == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    assert "shipped" in b and b["shipped"]["gate_up"] != b["default"]["gate_up"]
+    # No file ships for this shape on the RTX PRO 6000: the default is what users get there
+    assert "shipped" not in fam.baselines(p, 8, rtx)
+
+
+def test_fp8_default_follows_the_devices_shared_memory(h200, rtx):
+    """SGLang has a separate per-tensor FP8 default for GPUs under 128 KB of shared memory."""
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "fp8_w8a8")
+    assert fam.baselines(p, 8, h200)["default"]["gate_up"] != fam.baselines(p, 8, rtx)["default"]["gate_up"]
+
+
+def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, UP, UP, t=30.0)}, {})
+    worse = {**UP, "BLOCK_SIZE_N": 32}
+    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, worse, worse, t=12.0), 8: _choice(8, BIG, BIG, t=20.0)}, {})
+    assert list(summary["kept"]) == [1]
+    data = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)).read_text())
+    assert data["1"] == UP and data["8"] == BIG
+
+
+def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
+    from autotune import fsutil
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP)}, {})
+    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    before = target.read_text()
+    real_replace = fsutil.os.replace
+
+    def boom(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(fsutil.os, "replace", boom)
+    with pytest.raises(OSError):
+        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+    monkeypatch.setattr(fsutil.os, "replace", real_replace)
+    assert target.read_text() == before
+    assert not [f for f in target.parent.iterdir() if f.name.startswith(".")]   # no temp litter

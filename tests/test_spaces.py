@@ -1,0 +1,67 @@
+import pytest
+
+from autotune import spaces
+from autotune.cli import main
+from autotune.device import planned
+from autotune.kernels.triton_moe import TritonMoe, smem_estimate
+from autotune.models import Problem
+
+
+def test_unknown_key_in_space_file_is_rejected(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text("family: triton_moe\nparams: {BLOCK_SIZE_M: [16]}\nmystery: 1\n")
+    with pytest.raises(spaces.SpaceError, match="unknown key"):
+        spaces.load("triton_moe", f)
+    assert main(["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8", "--search-space", str(f),
+                 "--target-sm", "90"]) == 2
+    assert "unknown key" in capsys.readouterr().err
+
+
+def test_arch_section_replaces_ladders():
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "bf16")
+    assert 256 in fam.space(p, "gate_up", planned(90)).params["BLOCK_SIZE_M"]
+    assert 256 not in fam.space(p, "gate_up", planned(120)).params["BLOCK_SIZE_M"]
+
+
+def test_tma_only_where_sglang_kernel_implements_it():
+    fam = TritonMoe()
+    bf16, fp8b = Problem(512, 128, 4096, 10, "bf16"), Problem(512, 128, 4096, 10, "fp8_w8a8_block")
+    h200 = planned(90)
+    assert "USE_TMA" in fam.space(bf16, "gate_up", h200).params      # B (weights) by TMA: any dtype
+    assert "USE_TMA" not in fam.space(bf16, "down", h200).params     # A by TMA: block FP8 only
+    assert "USE_TMA" in fam.space(fp8b, "down", h200).params
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2, "USE_TMA": True}
+    assert "block-FP8" in fam.check(cfg, bf16, "down", h200)
+
+
+def test_block_fp8_k_tile_must_divide_quant_block():
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "fp8_w8a8_block")
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+    assert "BLOCK_SIZE_K" in fam.check(cfg, p, "gate_up", planned(90))
+    assert fam.check({**cfg, "BLOCK_SIZE_K": 128}, p, "gate_up", planned(90)) is None
+
+
+def test_smem_estimate_splits_the_h200_grid_exactly_like_triton(grid_cache, h200):
+    """Every config Triton refused for shared memory on the H200 is rejected before compile,
+    and no config that ran is."""
+    p = Problem.from_dict(next(iter(grid_cache.problems.values())))
+    wrong = []
+    for m in grid_cache.records.values():
+        if "num_stages" not in m.config or m.status not in ("ok", "out_of_resources"):
+            continue
+        over = smem_estimate(m.config, p, h200) > h200.smem_optin
+        if over != (m.status == "out_of_resources"):
+            wrong.append((m.status, m.config))
+    assert not wrong, wrong[:5]
+
+
+def test_sm120_limit_rejects_configs_sm90_admits():
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "bf16")
+    # 4 stages of 64x128 + 128x128 bf16 tiles: 196 KB on SM90 (fits 227 KB), 147 KB on SM120 (> 99 KB)
+    cfg = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+    assert fam.check(cfg, p, "gate_up", planned(90)) is None
+    assert "shared memory" in fam.check(cfg, p, "gate_up", planned(120))
