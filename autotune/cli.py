@@ -170,7 +170,7 @@ def _plan(args, device, cache):
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from .export.sglang import export_problem
+    from .export.sglang import ExportError, export_problem
     from .fsutil import check_writable
     from .kernels import get_family
     from .report import format_table, problem_table
@@ -180,6 +180,9 @@ def cmd_run(args) -> int:
     budget = _parse_duration(args.budget) if args.budget else None
     if args.trials is not None and args.trials <= 0:
         raise UsageError("--trials must be positive")
+    if args.out is None:
+        # Replayed results never land beside configs measured on a GPU.
+        args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     try:
         check_writable(args.out)
     except OSError as e:
@@ -219,7 +222,10 @@ def cmd_run(args) -> int:
                         "device_seconds": round(clock.device_s(), 1),
                         "wall_seconds": round(time.monotonic() - t0, 1), "storage": _safe_url(storage),
                         "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
-            summary = export_problem(args.out, device, p, choices, run_info)
+            try:
+                summary = export_problem(args.out, device, p, choices, run_info)
+            except ExportError as e:
+                raise UsageError(str(e))
             print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
                   f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
             print(format_table(problem_table(choices, trials)))
@@ -355,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
     p.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
-    p.add_argument("--out", default="tuned_configs", help="folder for SGLang's files (default tuned_configs)")
+    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--record", help="also write every measurement to this cache file")
     p.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

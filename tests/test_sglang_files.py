@@ -116,3 +116,13 @@ def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
     monkeypatch.setattr(fsutil.os, "replace", real_replace)
     assert target.read_text() == before
     assert not [f for f in target.parent.iterdir() if f.name.startswith(".")]   # no temp litter
+
+
+def test_replay_results_are_never_mixed_into_gpu_measured_files(tmp_path, rtx):
+    from autotune.export.sglang import ExportError
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0)}, {})
+    replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
+    with pytest.raises(ExportError, match="not mixed"):
+        export_problem(tmp_path, replayed, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})

@@ -20,6 +20,10 @@ from ..select import Choice
 PROVENANCE = "provenance.json"
 
 
+class ExportError(ValueError):
+    pass
+
+
 def config_dir(out: str | Path, device: DeviceInfo) -> Path:
     version = device.versions.get("triton", "unknown").replace(".", "_")
     return Path(out) / device.file_name / "configs" / f"triton_{version}"
@@ -39,6 +43,9 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     up_name = sglang_file_name(problem, device)
     down_name = sglang_file_name(problem, device, down=True)
     old_entry = prov["files"].get(up_name, {})
+    if old_entry and old_entry.get("measured_on") != device.kind:
+        raise ExportError(f"{prov_path} holds {up_name} measured on '{old_entry.get('measured_on')}'; "
+                          f"results measured on '{device.kind}' are not mixed into it (choose another --out)")
     same_stack = (old_entry.get("device") == device.name
                   and old_entry.get("triton") == device.versions.get("triton"))
     old_up = read_json(folder / up_name, default={}) or {}
