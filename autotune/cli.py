@@ -93,37 +93,51 @@ def cmd_shapes(args) -> int:
 
 # --- run -------------------------------------------------------------------------------------
 
-def _open_device(args):
-    """(device, pool, cache or None): the replay cache, or the local GPU(s)."""
+def _open_device(args, kernels=("triton_moe",)):
+    """(device, pool, cache or None, plans): the replay cache or the local GPU(s), the plan of
+    every requested family on it, and the measuring pool (its first worker warms the JIT builds
+    those plans need)."""
     from . import device as devmod
     from .records import CacheError, read_cache
     from .replay import ReplayPool
     from .worker import Settings, WorkerPool
 
+    cache = None
     if args.replay:
         try:
             cache = read_cache(args.replay)
         except CacheError as e:
             raise UsageError(str(e))
         pool = ReplayPool(cache)
-        return pool.device, pool, cache
-    if os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
-        device = devmod.cpu_interpreter()
-        gpus = [0]
+        device = pool.device
+    elif os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
+        device, gpus = devmod.cpu_interpreter(), [0]
     else:
         try:
             device = devmod.detect()
         except devmod.NoDeviceError:
             raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on")
         gpus = list(range(device.gpu_count)) if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
-    from .kernels.triton_moe import tma_supported
-    device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
-    workers = args.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
-    _, problems, _ = _plan(args, device, None)
-    settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=args.seed, skew=args.skew,
-                        routings=args.routings, warmup=[p.to_dict() for p in problems])
-    pool = WorkerPool(settings, workers, gpus=gpus, timeout_s=args.timeout)
-    return device, pool, None
+    if not args.replay:
+        from .kernels.triton_moe import tma_supported
+        device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
+    options = _family_options(args, device)
+    exp, plans = _plan(args, device, cache, kernels, options)
+    if not args.replay:
+        workers = args.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
+        settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=args.seed, skew=args.skew,
+                            routings=args.routings, options=options,
+                            warmup=[(fp.name, [p.to_dict() for p in fp.problems]) for fp in plans if fp.problems])
+        pool = WorkerPool(settings, workers, gpus=gpus, timeout_s=args.timeout)
+    return device, pool, cache, exp, plans
+
+
+def _family_options(args, device) -> dict:
+    tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
+    opts = {"triton_moe": {"space_path": args.search_space}}
+    for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
+        opts[name] = {"triton_config_dir": tuned}
+    return opts
 
 
 def _add_device_args(p) -> None:
@@ -137,111 +151,164 @@ def _add_device_args(p) -> None:
     g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
 
 
-def _plan(args, device, cache):
-    """Problems to run on this device, with the reasons for the ones left out (printed once)."""
-    from .kernels import get_family
-    from .models import ModelError, Problem
+def _plan(args, device, cache, kernels=("triton_moe",), options=None):
+    """Per family: the problems to run on this device and the reasons for the ones left out."""
+    from . import models
+    from .plan import PlanError, build
 
     try:
-        exp = _problems(args)
-    except ModelError as e:
+        chosen = models.select_models(args.shapes, args.model, args.model_config)
+        tps = models.parse_int_list(args.tp, "--tp")
+        eps = models.parse_int_list(args.ep, "--ep")
+        dtypes = tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else None
+        bss = models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else models.DEFAULT_BATCH_SIZES
+        exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
+    except (models.ModelError, PlanError) as e:
         raise UsageError(str(e))
-    fam = get_family("triton_moe", space_path=args.search_space)
-    run, skipped = [], []
-    for p in exp.problems:
-        why = fam.unsupported_reason(p, device)
-        if why:
-            skipped.append((p, why))
-            continue
-        if cache is not None:
-            rec = cache.problems.get(p.key)
-            if rec is None:
-                skipped.append((p, "not in the replay cache"))
-                continue
-            if not args.batch_sizes:
-                p = Problem.from_dict({**p.to_dict(), "batch_sizes": rec["batch_sizes"], "sources": [list(s) for s in p.sources]})
-        run.append(p)
-    for p in run[:1]:
-        for g in fam.gemms:
-            fam.space(p, g, device)   # a bad search-space file fails here, before any work
-    return exp, run, skipped
+    for fp in plans:
+        for p in fp.problems[:1]:
+            for g in fp.family.gemms:
+                fp.family.space(p, g, device)   # a bad search-space file fails here, before any work
+    return exp, plans
 
 
 def cmd_run(args) -> int:
-    from tqdm import tqdm
-
-    from .export.sglang import ExportError, export_problem
-    from .fsutil import check_writable
-    from .kernels import get_family
-    from .report import format_table, problem_table
-    from .select import select_problem
-    from .study import Clock, ProblemTuner, TuneSettings
+    from .plan import PlanError, parse_kernels
 
     budget = _parse_duration(args.budget) if args.budget else None
     if args.trials is not None and args.trials <= 0:
         raise UsageError("--trials must be positive")
+    try:
+        kernels = parse_kernels(args.kernels)
+    except PlanError as e:
+        raise UsageError(str(e))
     if args.out is None:
         # Replayed results never land beside configs measured on a GPU.
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     try:
+        from .fsutil import check_writable
         check_writable(args.out)
     except OSError as e:
         raise UsageError(str(e))
-    device, pool, cache = _open_device(args)
+    device, pool, cache, exp, plans = _open_device(args, kernels)
     storage = args.storage or "sqlite:///autotune.db"
     with pool:
-        exp, problems, skipped = _plan(args, device, cache)
         label = ("REPLAY of a recorded measurement cache (" + args.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
         print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
         if device.kind == "cpu-interpreter":
             print("warning: Triton CPU interpreter: timings exercise the pipeline and mean nothing about speed")
-        for p, why in skipped:
-            print(f"skip {p.key}: {why}")
-        _print_shared(exp)
-        if not problems:
-            raise UsageError("nothing to tune on this device (see the skip lines above)")
-        family = get_family("triton_moe", space_path=args.search_space)
-        settings = TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
-                                neighbours=args.neighbours, use_shipped=not args.no_shipped)
+        for fp in plans:
+            if fp.unsupported:
+                print(f"not on this device: {fp.name}: {fp.unsupported}")
+                continue
+            for p, why in fp.skipped:
+                print(f"skip {fp.name} {p.key}: {why}")
+        if "triton_moe" in kernels:
+            _print_shared(exp)
+        if not any(fp.problems for fp in plans):
+            raise UsageError("nothing to tune on this device (see the lines above)")
+        from .study import Clock
         clock = Clock(pool)
         dev_name = device.file_name + ("~replay" if device.is_replay else "")
-        for p in problems:
-            t0 = time.monotonic()
-            with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                      desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
-                tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
-                                     study_device=dev_name)
-                bar.update(sum(s.asked for s in tuner.slots.values()))
-                tuner.measure_baselines()
-                tuner.search()
-            choices = select_problem(tuner, settings.top, settings.careful_repeats)
-            trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
-            run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
-                        "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
-                        "device_seconds": round(clock.device_s(), 1),
-                        "wall_seconds": round(time.monotonic() - t0, 1), "storage": _safe_url(storage),
-                        "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
-            try:
-                summary = export_problem(args.out, device, p, choices, run_info)
-            except ExportError as e:
-                raise UsageError(str(e))
-            print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
-                  f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
-            print(format_table(problem_table(choices, trials)))
-            for M, why in summary["kept"].items():
-                print(f"  M={M}: kept the existing config ({why})")
-            print("  wrote " + "\n  wrote ".join(summary["files"]))
-            if args.record:
-                _record_tuner(args.record, device, p, tuner)
+        for fp in plans:
+            if fp.name == "triton_moe" and fp.problems:
+                _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
+        backend_plans = [fp for fp in plans if fp.name != "triton_moe" and fp.problems]
+        if backend_plans:
+            _run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
     return 0
+
+
+def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
+    from tqdm import tqdm
+
+    from .export.sglang import ExportError, export_problem
+    from .report import format_table, problem_table
+    from .select import select_problem
+    from .study import ProblemTuner, TuneSettings
+
+    family = fp.family
+    settings = TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
+                            neighbours=args.neighbours, use_shipped=not args.no_shipped)
+    for p in fp.problems:
+        t0 = time.monotonic()
+        with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
+                  desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
+                                 study_device=dev_name)
+            bar.update(sum(s.asked for s in tuner.slots.values()))
+            tuner.measure_baselines()
+            tuner.search()
+        choices = select_problem(tuner, settings.top, settings.careful_repeats)
+        trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
+        run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
+                    "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
+                    "device_seconds": round(clock.device_s(), 1),
+                    "wall_seconds": round(time.monotonic() - t0, 1), "storage": _safe_url(storage),
+                    "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
+        try:
+            summary = export_problem(args.out, device, p, choices, run_info)
+        except ExportError as e:
+            raise UsageError(str(e))
+        print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
+              f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
+        print(format_table(problem_table(choices, trials)))
+        for M, why in summary["kept"].items():
+            print(f"  M={M}: kept the existing config ({why})")
+        print("  wrote " + "\n  wrote ".join(summary["files"]))
+        if args.record:
+            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()))
+
+
+def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
+    """Every available backend of each family at every M of each problem; per-M winners; the one
+    backend per server for the decode and prefill mixes; server_args.yaml."""
+    from tqdm import tqdm
+
+    from .choice import BackendTuner, server_choice
+    from .export import server_args
+    from .report import backend_table, format_table
+
+    results, details = [], {}
+    for fp in plans:
+        tuners = []
+        for p in fp.problems:
+            with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
+                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
+                t.measure()
+            choices = t.select()
+            tuners.append(t)
+            print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
+            print(format_table(backend_table(t, choices)))
+            for b, m in sorted(t.disqualified().items()):
+                print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
+            details.setdefault(fp.name, {})[p.key] = {
+                "per_M": {M: c.to_dict() for M, c in choices.items()},
+                "disqualified": {b: m.to_dict() for b, m in t.disqualified().items()}}
+            if args.record:
+                _record(args.record, device, p, (m for d in t.measured.values() for m in d.values()))
+        chosen = server_choice(fp.family, device, tuners, args.mix)
+        other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
+        details[fp.name]["server_choice"] = {c.mix: {"backend": c.backend, "totals": c.totals, "auto": c.auto,
+                                                     "gain_vs_auto": c.gain_vs_auto, "per_m_gain": c.per_m_gain,
+                                                     "disqualified": c.disqualified, "skipped": c.skipped}
+                                             for c in (chosen, other)}
+        print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.backend or 'none eligible'}"
+              + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
+              + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
+              + f"; {other.mix} mix: {other.backend or 'none eligible'}")
+        results.append((chosen, fp.family))
+    path = server_args.write(args.out, device, results, args.checkpoint, {"families": details})
+    print(f"\nwrote {path}")
 
 
 def _safe_url(url: str) -> str:
     return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
 
 
-def _record_tuner(path, device, problem, tuner) -> None:
+def _record(path, device, problem, measurements) -> None:
     from .records import Cache, CacheError, read_cache, write_cache
 
     try:
@@ -249,10 +316,9 @@ def _record_tuner(path, device, problem, tuner) -> None:
     except CacheError:
         cache = Cache(device.to_dict())
     cache.problems[problem.key] = problem.to_dict()
-    for d in tuner.measured.values():
-        for m in d.values():
-            if m.status != "invalid":
-                cache.add(m)
+    for m in measurements:
+        if m.status != "invalid":
+            cache.add(m)
     write_cache(path, cache)
 
 
@@ -262,11 +328,11 @@ def cmd_record(args) -> int:
     from tqdm import tqdm
 
     from .kernels import get_family
-    from .records import Cache, CacheError, config_key, read_cache, write_cache
-    from .worker import Task
+    from .records import Cache, CacheError, read_cache, write_cache
+    from .worker import Task, run_tasks
 
     budget = _parse_duration(args.budget) if args.budget else None
-    device, pool, _ = _open_device(args)
+    device, pool, _, _, plans = _open_device(args)
     if device.is_replay:
         raise UsageError("record measures on a GPU; --replay makes no sense here")
     family = get_family("triton_moe", space_path=args.search_space)
@@ -277,9 +343,9 @@ def cmd_record(args) -> int:
     cache.device = device.to_dict()
     cache.notes["compile_workers"] = len(pool.slots)
     shard, nshard = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
+    problems = plans[0].problems
     with pool:
-        _, problems, skipped = _plan(args, device, None)
-        for p, why in skipped:
+        for p, why in plans[0].skipped:
             print(f"skip {p.key}: {why}")
         tasks, base_configs = [], []
         for p in problems:
@@ -307,22 +373,18 @@ def cmd_record(args) -> int:
         tasks = tasks[:n_base] + rest
         print(f"record: {len(tasks)} configs to measure on {device.name} with {len(pool.slots)} workers"
               + (f", budget {budget:.0f} s" if budget else ""))
-        t0 = last_write = time.monotonic()
+        t0 = time.monotonic()
+        last_write = [t0]
         with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
-            queue = list(tasks)
-            while queue or pool.busy():
-                over = budget is not None and time.monotonic() - t0 > budget
-                while queue and pool.idle() and not over:
-                    pool.submit(queue.pop(0))
-                if over and not pool.busy():
-                    break
-                for task, ms in pool.poll(timeout=0.5):
-                    for m in ms:
-                        cache.add(m)
-                    bar.update(1)
-                if time.monotonic() - last_write > 60:
+            def landed(task, ms):
+                for m in ms:
+                    cache.add(m)
+                bar.update(1)
+                if time.monotonic() - last_write[0] > 60:   # a killed call keeps what it measured
                     write_cache(args.cache, cache)
-                    last_write = time.monotonic()
+                    last_write[0] = time.monotonic()
+            queue = run_tasks(pool, tasks, landed,
+                              stop=lambda: budget is not None and time.monotonic() - t0 > budget)
     write_cache(args.cache, cache)
     n_ok = sum(1 for m in cache.records.values() if m.ok)
     print(f"record: {len(cache.records)} measurements ({n_ok} ok) in {args.cache}; "
@@ -364,6 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--record", help="also write every measurement to this cache file")
     p.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
+    p.add_argument("--kernels", default="all",
+                   help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
+                        "(default: all that this GPU supports)")
+    p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
+                   help="batch-size mix the one-backend-per-server choice optimises (default decode)")
+    p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
+                   help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_run)
 

@@ -93,9 +93,17 @@ def detect(index: int = 0) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     sm = props.major * 10 + props.minor
     smem = getattr(props, "shared_memory_per_block_optin", 0) or SMEM_OPTIN.get(sm, 0)
+    versions = software_versions()
+    try:
+        # What FlashInfer's autotuner cache is keyed on (cuBLAS / cuDNN / CuTe-DSL versions, GPU):
+        # a cache we write for this machine must carry these values (autotune.export.flashinfer).
+        from flashinfer.autotuner.autotuner import _collect_metadata
+        versions["flashinfer_metadata"] = _collect_metadata()
+    except Exception:
+        pass
     return DeviceInfo(name=torch.cuda.get_device_name(index), sm=sm, smem_optin=int(smem),
                       num_sms=props.multi_processor_count, driver=_driver_version(),
-                      versions=software_versions(), kind="gpu", gpu_count=torch.cuda.device_count())
+                      versions=versions, kind="gpu", gpu_count=torch.cuda.device_count())
 
 
 def cpu_interpreter() -> DeviceInfo:

@@ -31,16 +31,21 @@ class MoeModel:
     shared_expert_intermediate_size: int = 0
     mtp_layers: int = 0
     family: str = ""
+    # Full-attention shape (Qwen3.5 / Qwen3-Next: 1 full-attention layer in 4, gated queries)
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    full_attention_interval: int = 4
 
 
 # Values from the HF configs (text_config) of the released checkpoints.
 PRESETS: dict[str, MoeModel] = {
     m.name: m
     for m in (
-        MoeModel("qwen3.5-397b-a17b", 4096, 60, 512, 10, 1024, 1024, 1, "qwen3.5"),
-        MoeModel("qwen3.5-122b-a10b", 3072, 48, 256, 8, 1024, 1024, 1, "qwen3.5"),
-        MoeModel("qwen3.5-35b-a3b", 2048, 40, 256, 8, 512, 512, 1, "qwen3.5"),
-        MoeModel("qwen3-next-80b-a3b", 2048, 48, 512, 10, 512, 512, 1, "qwen3-next"),
+        MoeModel("qwen3.5-397b-a17b", 4096, 60, 512, 10, 1024, 1024, 1, "qwen3.5", 32, 2, 256),
+        MoeModel("qwen3.5-122b-a10b", 3072, 48, 256, 8, 1024, 1024, 1, "qwen3.5", 32, 2, 256),
+        MoeModel("qwen3.5-35b-a3b", 2048, 40, 256, 8, 512, 512, 1, "qwen3.5", 16, 2, 256),
+        MoeModel("qwen3-next-80b-a3b", 2048, 48, 512, 10, 512, 512, 1, "qwen3-next", 16, 2, 256),
     )
 }
 FAMILIES = sorted({m.family for m in PRESETS.values()})
@@ -50,7 +55,9 @@ DTYPES: dict[str, tuple[str | None, tuple[int, int] | None]] = {
     "bf16": (None, None),
     "fp8_w8a8_block": ("fp8_w8a8", (128, 128)),
     "fp8_w8a8": ("fp8_w8a8", None),
+    "nvfp4": ("nvfp4", None),      # NVFP4 experts: the FlashInfer MoE runners, not SGLang's Triton kernel
 }
+TRITON_DTYPES = ("bf16", "fp8_w8a8_block", "fp8_w8a8")
 
 
 @dataclass(frozen=True)
@@ -144,9 +151,13 @@ def model_from_hf_config(path: str | Path) -> MoeModel:
     if missing:
         raise ModelError(f"{p} has no MoE fields ({', '.join(missing)} missing): not a MoE model config")
     name = (raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
+    heads = int(cfg.get("num_attention_heads") or 0)
     return MoeModel(name=name, num_layers=int(_first(cfg, _KEYS["num_layers"]) or 0),
                     shared_expert_intermediate_size=int(_first(cfg, _KEYS["shared"]) or 0),
-                    mtp_layers=int(_first(cfg, _KEYS["mtp"]) or 0), family="custom", **fields)
+                    mtp_layers=int(_first(cfg, _KEYS["mtp"]) or 0), family="custom",
+                    num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+                    head_dim=int(cfg.get("head_dim") or (fields["hidden_size"] // heads if heads else 0)),
+                    full_attention_interval=int(cfg.get("full_attention_interval") or 1), **fields)
 
 
 def select_models(shapes: str | None = None, model: str | None = None,
@@ -214,3 +225,67 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     if not vals or any(v <= 0 for v in vals):
         raise ModelError(f"{what} must hold positive integers, got {text!r}")
     return vals
+
+
+# --- dense GEMMs (the backend-choice families: fp8_gemm, fp4_gemm) ---------------------------------
+
+GEMM_DTYPES = ("fp8_w8a8_block", "nvfp4")
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One dense linear layer per TP rank: out[M, N] = x[M, K] @ W[N, K]^T."""
+
+    name: str
+    N: int
+    K: int
+    dtype: str
+    layers: int = 1            # how many times one forward pass runs it (weights for the model mix)
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    sources: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name},N={self.N},K={self.K},{self.dtype}"
+
+    def to_dict(self) -> dict:
+        return {"kind": "gemm", "name": self.name, "N": self.N, "K": self.K, "dtype": self.dtype,
+                "layers": self.layers, "batch_sizes": list(self.batch_sizes),
+                "sources": [list(s) for s in self.sources]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmProblem":
+        return cls(d["name"], d["N"], d["K"], d["dtype"], d.get("layers", 1),
+                   tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), tuple(tuple(s) for s in d.get("sources", ())))
+
+
+def dense_gemms(m: MoeModel, tp: int, dtype: str, batch_sizes=DEFAULT_BATCH_SIZES) -> list[GemmProblem]:
+    """The quantizable dense GEMMs of one layer stack per TP rank: full-attention QKV and output
+    projections, shared expert gate_up and down. Column-parallel layers split N, row-parallel K;
+    KV heads are replicated when TP exceeds them, as SGLang does. Qwen3.5 / Qwen3-Next queries
+    carry an output gate (q_proj emits 2x heads x head_dim). The linear-attention (Gated
+    DeltaNet) projections are not listed: their head counts are not in the presets."""
+    if dtype not in GEMM_DTYPES:
+        raise ModelError(f"unknown GEMM dtype {dtype!r}; known: {', '.join(GEMM_DTYPES)}")
+    src = ((m.name, tp, 1, "main"),)
+    out = []
+    if m.num_attention_heads and m.head_dim:
+        if m.num_attention_heads % tp:
+            raise ModelError(f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} attention heads")
+        q = m.num_attention_heads // tp
+        kv = max(1, m.num_key_value_heads // tp)
+        gate = 2 if m.family in ("qwen3.5", "qwen3-next") else 1
+        full = max(1, m.num_layers // max(1, m.full_attention_interval))
+        out.append(GemmProblem("attn_qkv", (gate * q + 2 * kv) * m.head_dim, m.hidden_size, dtype, full, tuple(batch_sizes), src))
+        out.append(GemmProblem("attn_o", m.hidden_size, q * m.head_dim, dtype, full, tuple(batch_sizes), src))
+    if m.shared_expert_intermediate_size:
+        if m.shared_expert_intermediate_size % tp:
+            raise ModelError(f"--tp {tp} does not divide {m.name}'s shared expert size {m.shared_expert_intermediate_size}")
+        s = m.shared_expert_intermediate_size // tp
+        out.append(GemmProblem("shared_gate_up", 2 * s, m.hidden_size, dtype, m.num_layers, tuple(batch_sizes), src))
+        out.append(GemmProblem("shared_down", m.hidden_size, s, dtype, m.num_layers, tuple(batch_sizes), src))
+    return out
+
+
+def problem_from_dict(d: dict):
+    return GemmProblem.from_dict(d) if d.get("kind") == "gemm" else Problem.from_dict(d)

@@ -27,6 +27,21 @@ def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]
     return pd.DataFrame(rows)
 
 
+def backend_table(tuner, choices: dict) -> pd.DataFrame:
+    """Per M: SGLang's auto backend and time, the winner and its time, every backend's search time."""
+    auto = tuner.family.sglang_auto(tuner.device)
+    rows = []
+    for M in tuner.Ms:
+        c = choices.get(M)
+        row = {"M": M, "auto": auto or "-", "auto µs": c.auto_us if c else None,
+               "best": c.config["backend"] if c else "none", "best µs": c.time_us if c else None,
+               "speedup": (c.auto_us / c.time_us) if c and c.auto_us else None}
+        for b in tuner.names:
+            row[f"{b} µs"] = tuner.time_of(b, M)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def format_table(df: pd.DataFrame) -> str:
     def fmt(col, v):
         if v is None or (isinstance(v, float) and pd.isna(v)):

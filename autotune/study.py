@@ -26,7 +26,7 @@ import optuna
 
 from . import records
 from .records import Measurement, config_key
-from .worker import Task
+from .worker import Task, run_tasks
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ATTR = "measurement"
@@ -145,13 +145,7 @@ class ProblemTuner:
 
     # -- running tasks through the pool -------------------------------------------------------
     def run_tasks(self, tasks: list[Task], on_result) -> None:
-        """Submit as workers free up; call on_result(task, measurements) for each."""
-        queue = list(tasks)
-        while queue or self.pool.busy():
-            while queue and self.pool.idle():
-                self.pool.submit(queue.pop(0))
-            for task, ms in self.pool.poll(timeout=0.2):
-                on_result(task, ms)
+        run_tasks(self.pool, tasks, on_result)
 
     def _task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
         return Task(self.problem.to_dict(), self.problem.key, gemm, records.canonical(config), list(Ms),

@@ -31,15 +31,17 @@ _FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launc
 
 @dataclass
 class Settings:
-    family: str = "triton_moe"
+    family: str = "triton_moe"    # default family of tasks that name none
+    options: dict = field(default_factory=dict)   # family name -> constructor options
     on_cpu: bool = False          # Triton's interpreter (TRITON_INTERPRET=1), wall-clock timing
     seed: int = 0
     skew: float = 0.0
     routings: int = 10
     repeats: int = 7
     env: dict = field(default_factory=dict)
-    # Problems of the run (dicts): the first worker builds the JIT kernels they need (alignment,
-    # activation quantization) before the others start, so N processes do not race N nvcc builds.
+    # (family, problem dicts) of the run: the first worker builds the JIT kernels they need
+    # (alignment, quantization, FlashInfer modules) before the others start, so N processes do
+    # not race N nvcc builds.
     warmup: list = field(default_factory=list)
 
 
@@ -51,6 +53,7 @@ class Task:
     config: dict
     Ms: list
     repeats: int | None = None    # overrides Settings.repeats (careful re-measurements)
+    family: str = ""              # kernel family; "" = Settings.family
     id: int = 0
     tag: object = None            # orchestrator bookkeeping, never sent
 
@@ -81,22 +84,21 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     try:
-        from .kernels import get_family
         from .kernels.triton_moe import sglang_context
-        from .models import Problem
+        from .models import problem_from_dict
         from sglang.srt import runtime_context as rc
 
-        family = get_family(settings.family)
+        measurer = _Measurer(settings, _gpu_lock(lock_dir, gpu))
         ctx = sglang_context()
     except BaseException as e:  # pragma: no cover - reported to the pool
         conn.send(("init_failed", f"{type(e).__name__}: {e}"))
         return
-    measurer = _Measurer(family, settings, _gpu_lock(lock_dir, gpu))
     warm_flag = os.path.join(lock_dir, "warm")
     if first:
         try:
             with rc.use_context(ctx):
-                family.warmup([Problem.from_dict(p) for p in settings.warmup], on_cpu=settings.on_cpu)
+                for name, problems in settings.warmup:
+                    measurer.family(name).warmup([problem_from_dict(p) for p in problems], on_cpu=settings.on_cpu)
         except BaseException as e:
             conn.send(("init_failed", f"warm-up: {type(e).__name__}: {e}"))
             return
@@ -113,7 +115,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
             if msg is None:
                 return
             task: Task = msg
-            problem = Problem.from_dict(task.problem)
+            problem = problem_from_dict(task.problem)
             for M in task.Ms:
                 conn.send(("progress", M))
                 m, fatal = measurer.measure(task, problem, M)
@@ -133,14 +135,21 @@ class _Measurer:
     large M while 15 workers per GPU checked and built inputs).
     """
 
-    def __init__(self, family, settings: Settings, lock_fd: int):
+    def __init__(self, settings: Settings, lock_fd: int):
         import torch
 
         from .measure import check_output, time_cpu, time_gpu
 
-        self.family, self.settings, self.lock_fd = family, settings, lock_fd
+        self.settings, self.lock_fd = settings, lock_fd
         self.torch, self.check_output, self.time_cpu, self.time_gpu = torch, check_output, time_cpu, time_gpu
         self.inputs: dict = {}
+        self.families: dict = {}
+
+    def family(self, name: str):
+        if name not in self.families:
+            from .kernels import get_family
+            self.families[name] = get_family(name, **self.settings.options.get(name, {}))
+        return self.families[name]
 
     @contextlib.contextmanager
     def gpu(self):
@@ -154,20 +163,21 @@ class _Measurer:
             self.torch.cuda.synchronize()
             fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
-    def _inputs(self, problem, gemm: str, M: int):
-        key = (problem.key, gemm, M)
+    def _inputs(self, family, problem, gemm: str, M: int):
+        key = (family.name, problem.key, gemm, M)
         if key not in self.inputs:
             # One problem at a time: drop other problems' tensors before allocating.
-            for k in [k for k in self.inputs if k[0] != problem.key]:
+            for k in [k for k in self.inputs if k[:2] != key[:2]]:
                 del self.inputs[k]
             s = self.settings
-            self.inputs[key] = self.family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
-                                                       routings=s.routings, on_cpu=s.on_cpu)
+            self.inputs[key] = family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
+                                                  routings=s.routings, on_cpu=s.on_cpu)
         return self.inputs[key]
 
     def measure(self, task: Task, problem, M: int) -> tuple[Measurement, bool]:
         """(record, fatal): fatal means this process's CUDA context can no longer be trusted."""
         cfg, pk, gemm, s = task.config, task.problem_key, task.gemm, self.settings
+        family = self.family(task.family or s.family)
 
         def failed(status, why, **kw):
             return failure(pk, gemm, M, cfg, status, why, **kw)
@@ -175,10 +185,10 @@ class _Measurer:
         stage = "building inputs"
         try:
             with self.gpu():
-                inputs = self._inputs(problem, gemm, M)
+                inputs = self._inputs(family, problem, gemm, M)
             stage = "compiling"
             t0 = time.perf_counter()
-            self.family.compile(cfg, inputs)
+            family.compile(cfg, inputs)
             compile_s = time.perf_counter() - t0
         except BaseException as e:
             status, fatal = classify(e)
@@ -186,18 +196,19 @@ class _Measurer:
         stage = "first launch"
         try:
             with self.gpu():
-                ref = self.family.reference(inputs)
+                ref = family.reference(inputs, cfg)
                 t0 = time.perf_counter()
-                inputs.C.fill_(float("nan"))
-                out = self.family.run(cfg, inputs, 0)
+                if getattr(inputs, "C", None) is not None:   # families that own their output buffer
+                    inputs.C.fill_(float("nan"))
+                out = family.run(cfg, inputs, 0)
                 if not s.on_cpu:
                     self.torch.cuda.synchronize()
                 compile_s += time.perf_counter() - t0
-                ok, reason, err = self.check_output(out, ref, self.family.tolerance(problem, s.on_cpu))
+                ok, reason, err = self.check_output(out, ref, family.tolerance(problem, s.on_cpu))
                 if not ok:
                     return failed(records.WRONG_RESULT, reason, error=err, compile_s=compile_s), False
                 stage = "timing"
-                launch = lambda i: self.family.run(cfg, inputs, i)  # noqa: E731
+                launch = lambda i: family.run(cfg, inputs, i)  # noqa: E731
                 repeats = task.repeats or s.repeats
                 t = (self.time_cpu(launch, s.routings, repeats=min(repeats, 3)) if s.on_cpu
                      else self.time_gpu(launch, s.routings, repeats=repeats))
@@ -369,3 +380,16 @@ class WorkerPool:
         self._kill(s)
         self.replaced += 1
         self._spawn(s)
+
+
+def run_tasks(pool, tasks: list, on_result, stop=lambda: False) -> list:
+    """Submit `tasks` to `pool` (a WorkerPool or a ReplayPool) as workers free up and call
+    on_result(task, measurements) for each finished one. Once stop() is true nothing new is
+    submitted; tasks in flight still land. Returns the tasks never submitted."""
+    queue = list(tasks)
+    while (queue and not stop()) or pool.busy():
+        while queue and pool.idle() and not stop():
+            pool.submit(queue.pop(0))
+        for task, ms in pool.poll(timeout=0.2):
+            on_result(task, ms)
+    return queue

@@ -67,7 +67,7 @@ class Faulty:
             inputs.C[3] = float("nan")
         return inputs.C
 
-    def reference(self, inputs):
+    def reference(self, inputs, config=None):
         return inputs.x
 
     def tolerance(self, problem, on_cpu=False):

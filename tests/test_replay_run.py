@@ -4,7 +4,6 @@ import json
 import pytest
 
 from autotune.cli import main
-from autotune.records import config_key
 from tests.conftest import GRID
 
 BASE = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--replay", str(GRID),

@@ -36,8 +36,9 @@ class KernelFamily(Protocol):
     def run(self, config: dict, inputs: Any, routing: int) -> Any:
         """Launch once on routing set `routing`; returns the output tensor."""
 
-    def reference(self, inputs: Any) -> Any:
-        """Float32 reference of routing set 0's output."""
+    def reference(self, inputs: Any, config: dict | None = None) -> Any:
+        """Float32 reference of routing set 0's output (config: for families whose backends
+        quantize differently)."""
 
     def tolerance(self, problem, on_cpu: bool = False) -> float: ...
 
@@ -45,7 +46,14 @@ class KernelFamily(Protocol):
         """Build once what every worker would otherwise build at the same time (JIT kernels)."""
 
 
-FAMILIES = {"triton_moe": "autotune.kernels.triton_moe:TritonMoe"}
+FAMILIES = {
+    "triton_moe": "autotune.kernels.triton_moe:TritonMoe",
+    "fp8_gemm": "autotune.kernels.fp8_gemm:Fp8Gemm",
+    "fp4_gemm": "autotune.kernels.fp4_gemm:Fp4Gemm",
+    "moe_bf16": "autotune.kernels.moe_backends:MoeBf16",
+    "moe_fp8": "autotune.kernels.moe_backends:MoeFp8",
+    "moe_fp4": "autotune.kernels.moe_backends:MoeFp4",
+}
 
 
 def get_family(spec: str, **options) -> KernelFamily:

@@ -202,6 +202,8 @@ class TritonMoe:
 
     # -- what may run ------------------------------------------------------------------------
     def unsupported_reason(self, problem: Problem, device: DeviceInfo) -> str | None:
+        if problem.dtype == "nvfp4":
+            return "SGLang's Triton fused MoE has no NVFP4 path (see the moe_fp4 family)"
         if device.kind == "cpu-interpreter":
             return None if problem.dtype == "bf16" else f"{problem.dtype} does not run in Triton's CPU interpreter"
         if device.sm < 80:
@@ -394,7 +396,6 @@ class TritonMoe:
             del kernel.run
 
     def run(self, config: dict, inputs: MoeInputs, routing: int):
-        import torch
         import triton.language as tl
         from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
 
@@ -420,7 +421,7 @@ class TritonMoe:
                                     a_use_tma=use_tma, b_use_tma=use_tma, router_topk=p.top_k, **common)
         return inputs.C
 
-    def reference(self, inputs: MoeInputs):
+    def reference(self, inputs: MoeInputs, config=None):
         """Float32 result for routing set 0, grouped by expert (no [M*top_k, N, K] gather)."""
         import torch
 

@@ -1,0 +1,210 @@
+"""Backend choice: per problem and M the fastest backend that is correct at every M, and per
+family the one backend a server should run (SGLang takes one per server).
+
+The spaces are small (a handful of backends), so every available backend is measured at every
+M of the problem in one task (one JIT build, one set of inputs). A backend whose output is
+wrong (NaN, Inf, zeros, off the reference) or whose run crashes or hangs at ANY M is
+disqualified for the problem, with that evidence. Measurements live in Optuna studies (one per
+problem and M, params backend + tactic), so a run resumes and optuna-dashboard shows them.
+Tactic search inside a backend (TPE over a conditional tactic parameter) comes with the
+tactic enumeration from FlashInfer's runners, which needs the GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import optuna
+
+from . import records
+from .records import Measurement, config_key
+from .worker import Task, run_tasks
+
+ATTR = "measurement"
+# Batch-size mixes for the one-backend-per-server choice: decode steps run few tokens, prefill
+# chunks many. Equal weight per M inside a mix.
+MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
+
+
+def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
+    return f"{family}|{device_name}|{problem_key}|M={M}"
+
+
+@dataclass
+class Choice:
+    M: int
+    config: dict
+    time_us: float
+    auto_us: float | None
+    candidates: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BackendTuner:
+    def __init__(self, storage, problem, family, device, pool, progress=None, study_device: str | None = None,
+                 careful_repeats: int = 21, top: int = 3):
+        self.problem, self.family, self.device, self.pool = problem, family, device, pool
+        self.progress, self.careful_repeats, self.top = progress, careful_repeats, top
+        self.Ms = list(problem.batch_sizes)
+        self.names = tuple(family.space(problem, "layer", device).params["backend"])
+        self.dists = {"backend": optuna.distributions.CategoricalDistribution(self.names or ("none",)),
+                      "tactic": optuna.distributions.CategoricalDistribution((-1,))}
+        self.measured: dict = {M: {} for M in self.Ms}
+        self.careful: dict = {}
+        self.measured_now = 0
+        self.studies = {}
+        for M in self.Ms:
+            name = study_name(family.name, study_device or device.file_name, problem.key, M)
+            self.studies[M] = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
+            for t in self.studies[M].get_trials(deepcopy=False):
+                if t.state == optuna.trial.TrialState.COMPLETE and ATTR in t.user_attrs:
+                    m = Measurement.from_dict(t.user_attrs[ATTR])
+                    self.measured[M][config_key(m.config)] = m
+            for k, v in self.studies[M].user_attrs.items():
+                if k.startswith("careful:"):
+                    m = Measurement.from_dict(v)
+                    self.careful[M, config_key(m.config)] = m
+
+    # -- measuring ---------------------------------------------------------------------------------
+    def configs(self) -> list[dict]:
+        return [{"backend": b, "tactic": -1} for b in self.names]
+
+    def _task(self, config: dict, Ms: list[int], repeats=None) -> Task:
+        # Workers import the family by `spec` ("module:Class") where it is not a registered name.
+        return Task(self.problem.to_dict(), self.problem.key, "layer", config, list(Ms), repeats=repeats,
+                    family=getattr(self.family, "spec", self.family.name))
+
+    def measure(self) -> None:
+        tasks = []
+        for cfg in self.configs():
+            Ms = [M for M in self.Ms if config_key(cfg) not in self.measured[M]]
+            if Ms:
+                tasks.append(self._task(cfg, Ms))
+
+        def done(task, ms):
+            for m in ms:
+                self.measured_now += 1
+                self.measured[m.M][config_key(m.config)] = m
+                self.studies[m.M].add_trial(optuna.trial.create_trial(
+                    params={"backend": m.config["backend"], "tactic": m.config.get("tactic", -1)},
+                    distributions=self.dists, value=m.time_us if m.ok else math.inf,
+                    user_attrs={ATTR: m.to_dict()}))
+            if self.progress is not None:
+                self.progress.update(1)
+        run_tasks(self.pool, tasks, done)
+
+    # -- the correctness gate --------------------------------------------------------------------------
+    def disqualified(self) -> dict[str, Measurement]:
+        """backend -> the first failed measurement (lowest M): wrong, crashed or hung anywhere."""
+        out: dict = {}
+        for M in self.Ms:
+            for m in self.measured[M].values():
+                b = m.config["backend"]
+                if m.status not in (records.OK, records.INVALID, records.NOT_RECORDED) and b not in out:
+                    out[b] = m
+        return out
+
+    # -- selection -------------------------------------------------------------------------------------
+    def select(self) -> dict[int, Choice]:
+        """Per M: the top few correct backends and SGLang's auto, re-measured; the fastest wins."""
+        bad = self.disqualified()
+        auto = self.family.sglang_auto(self.device)
+        plan: dict = {}
+        for M in self.Ms:
+            oks = sorted((m for m in self.measured[M].values() if m.ok and m.config["backend"] not in bad),
+                         key=lambda m: m.time_us)
+            cands = [m.config for m in oks[: self.top]]
+            auto_cfg = {"backend": auto, "tactic": -1}
+            if auto in self.names and auto not in bad and auto_cfg not in cands:
+                cands.append(auto_cfg)
+            plan[M] = cands
+        wanted: dict = {}
+        for M, cands in plan.items():
+            for c in cands:
+                if (M, config_key(c)) not in self.careful:
+                    wanted.setdefault(config_key(c), (c, []))[1].append(M)
+
+        def done(task, ms):
+            for m in ms:
+                self.measured_now += 1
+                self.careful[m.M, config_key(m.config)] = m
+                self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+        run_tasks(self.pool, [self._task(c, Ms, repeats=self.careful_repeats) for c, Ms in wanted.values()], done)
+
+        choices = {}
+        for M, cands in plan.items():
+            scored = [(self.careful.get((M, config_key(c))), c) for c in cands]
+            scored = [(m, c) for m, c in scored if m is not None and m.ok]
+            if not scored:
+                continue
+            # Ties go to SGLang's own choice.
+            best_m, best_c = min(scored, key=lambda mc: (mc[0].time_us, mc[1]["backend"] != auto))
+            auto_m = self.careful.get((M, config_key({"backend": auto, "tactic": -1})))
+            choices[M] = Choice(M, best_c, best_m.time_us, auto_m.time_us if auto_m and auto_m.ok else None,
+                                [{"config": c, "time_us": m.time_us} for m, c in scored])
+        return choices
+
+    def time_of(self, backend: str, M: int) -> float | None:
+        """Best known time of a backend at M (careful re-measurement if any), None if not ok."""
+        cfg = {"backend": backend, "tactic": -1}
+        m = self.careful.get((M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
+        return m.time_us if m is not None and m.ok else None
+
+
+@dataclass
+class ServerChoice:
+    family: str
+    mix: str
+    backend: str | None              # SGLang-selectable backend with the least total time
+    totals: dict                     # backend -> weighted total us (eligible backends)
+    auto: str | None
+    per_m_total: float | None        # if every (problem, M) could run its own winner
+    disqualified: dict               # backend -> "reason at M=..., problem ..."
+    skipped: dict                    # backend -> why it never ran here
+
+    @property
+    def gain_vs_auto(self) -> float | None:
+        if self.backend is None or self.auto not in self.totals:
+            return None
+        return self.totals[self.auto] / self.totals[self.backend]
+
+    @property
+    def per_m_gain(self) -> float | None:
+        if self.backend is None or not self.per_m_total:
+            return None
+        return self.totals[self.backend] / self.per_m_total
+
+
+def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode") -> ServerChoice:
+    """The one backend per server: minimum of sum over problems (weighted by how often a forward
+    pass runs them) and the mix's M of the backend's time. Only backends SGLang can select, that
+    ran correctly on every problem at every M, are eligible."""
+    in_mix = MIXES[mix]
+    bad: dict = {}
+    for t in tuners:
+        for b, m in t.disqualified().items():
+            bad.setdefault(b, f"{m.status} at M={m.M} on {t.problem.key}: {m.reason}")
+    skipped = {a.backend.name: a.reason for a in family.availability(device) if not a.ok}
+    selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}
+    names = set().union(*(t.names for t in tuners)) if tuners else set()
+    totals, per_m = {}, 0.0
+    for b in sorted(names - set(bad)):
+        total = 0.0
+        for t in tuners:
+            for M in (M for M in t.Ms if in_mix(M)):
+                x = t.time_of(b, M)
+                if x is None:
+                    total = math.inf
+                    break
+                total += getattr(t.problem, "layers", 1) * x
+        if math.isfinite(total):
+            totals[b] = total
+    for t in tuners:
+        for M in (M for M in t.Ms if in_mix(M)):
+            xs = [x for b in names - set(bad) if (x := t.time_of(b, M)) is not None]
+            per_m += getattr(t.problem, "layers", 1) * min(xs) if xs else 0.0
+    eligible = {b: v for b, v in totals.items() if b in selectable}
+    best = min(eligible, key=eligible.get) if eligible else None
+    return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped)

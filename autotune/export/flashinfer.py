@@ -1,0 +1,240 @@
+"""FlashInfer autotuner cache files that SGLang loads at start-up.
+
+SGLang 0.5.23 keeps FlashInfer's tuned tactics per model, parallel layout and rank in
+  $SGLANG_CACHE_DIR/flashinfer/autotune/<flashinfer version>/sm<XY>/<16 hex>/rank_tp<t>_pp<p>_dp<d>.json
+loads the file with `AutoTuner.load_configs` before its warm-up forward and saves it back after
+(sglang/srt/model_executor/runner/flashinfer_autotune.py). A warm-up op finds an entry for each
+bucket it would profile and skips its profiling. The file is FlashInfer's `save_configs` format:
+  {"_metadata": {...}, ["_records": {...},] "<file_key>": [runner, tactic(, policy)], ..., "_generation": sha}
+
+Keys and bucketing are built with the installed FlashInfer's own code, so the FlashInfer here
+must be the version the GPU machine runs (`metadata_for` checks it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+from flashinfer.autotuner import AutoTuner, ProfilingCacheKey, TuningConfig
+from flashinfer.autotuner.autotuner import (
+    _CACHE_GENERATION_KEY,
+    _METADATA_KEY,
+    _NAMESPACED_RECORDS_KEY,
+    _classify_metadata_mismatches,
+    _collect_metadata,
+    _format_meta_mismatches,
+    _tactic_to_json,
+)
+
+from ..fsutil import write_atomic
+
+Shapes = tuple[tuple[int, ...], ...]
+
+# FlashInfer's custom_op names of the ops SGLang tunes (the first argument of choose_one).
+MM_FP4 = "fp4_gemm"                                        # mm_fp4: Cutlass/Cudnn/TrtllmGemm runners
+BMM_FP8 = "fp8_gemm"                                       # bmm_fp8 (and fp8 mm on SM100)
+CUTLASS_MOE_GEMM1 = "trtllm::fused_moe::gemm1"             # cutlass_fused_moe, two tuned stages
+CUTLASS_MOE_GEMM2 = "trtllm::fused_moe::gemm2"
+TRTLLM_FP4_MOE = "flashinfer::trtllm_fp4_block_scale_moe"
+
+# DeviceInfo.versions spells two of FlashInfer's metadata fields differently.
+_ALIASES = {"flashinfer": "flashinfer_version", "cuda": "cuda_version"}
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One tuned (op, runner, bucketed shapes, extras) -> tactic record of FlashInfer's file."""
+
+    custom_op: str
+    runner: str                     # runner class name; FlashInfer serves it only to that class
+    profile: Shapes                 # input shapes after FlashInfer's bucketing (-1 = constrained dim)
+    tactic: Any                     # runner-specific: int, or nested tuples (cuDNN, trtllm MoE)
+    extras: tuple = ()              # runner.get_cache_key_extras(inputs), part of the key
+    policy: tuple | None = None     # measurement provenance; tuning-mode lookups require a match
+
+    def __post_init__(self) -> None:
+        # load_configs silently drops cuDNN entries with integer plan indices (autotuner.py:3793-3799).
+        if self.runner.startswith("Cudnn") and isinstance(self.tactic, int) and self.tactic >= 0:
+            raise ValueError(f"{self.runner}: cuDNN tactics are (engine_id, ((knob, value), ...)), "
+                             f"not plan index {self.tactic}; FlashInfer would ignore this entry")
+
+    @classmethod
+    def from_call(cls, custom_op: str, runner: str, input_shapes: Iterable[Sequence[int]],
+                  tuning_config: TuningConfig, tactic: Any, extras: tuple = ()) -> "CacheEntry":
+        """The entry FlashInfer would store for a call with these input shapes: the shapes go
+        through its bucket mapping, the policy is what a warm-up under this config requests."""
+        shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
+        return cls(custom_op, runner, AutoTuner._find_nearest_profile(shapes, tuning_config), tactic,
+                   tuple(extras), AutoTuner._profiling_policy(tuning_config))
+
+    @classmethod
+    def from_key(cls, key: ProfilingCacheKey, tactic: Any, policy: tuple | None = None) -> "CacheEntry":
+        """From a key FlashInfer built on the GPU (AutoTuner._get_cache_key / profiling_cache)."""
+        return cls(key.custom_op, key.runner_class_name, key.nearest_profile, tactic, key.extras, policy)
+
+    @property
+    def file_key(self) -> str:
+        # FlashInfer's own key: runner_hash is not part of file_key, so any value does.
+        return ProfilingCacheKey(self.custom_op, self.runner, 0, self.profile, self.extras).file_key
+
+    @property
+    def value(self) -> list:
+        value = [self.runner, _tactic_to_json(self.tactic)]
+        if self.policy is not None:
+            value.append(list(self.policy))
+        return value
+
+
+def profiled_shapes(tuning_config: TuningConfig, input_shapes: Iterable[Sequence[int]]) -> list[Shapes]:
+    """Opt shapes FlashInfer profiles during a tuning-mode call with these inputs, one per bucket.
+    A warm-up call skips profiling only where the file holds an entry for each of them."""
+    # Meta tensors carry shapes only; a non-tensor input and a (0,)-shaped tensor profile alike.
+    inputs = [torch.empty(tuple(s), device="meta") for s in input_shapes]
+    profiles = AutoTuner.get()._generate_optimization_profiles(tuning_config, inputs)
+    return [p.get_opt_shapes() for p in profiles]
+
+
+def tuning_config_for(custom_op: str, *, tune_max_num_tokens: int = 8192, use_8x4_sf_layout: bool = False,
+                      input_shapes: Sequence[Sequence[int]] | None = None, hidden_size: int | None = None,
+                      num_experts: int | None = None) -> TuningConfig:
+    """The TuningConfig FlashInfer passes to choose_one for `custom_op` (it decides bucketing and
+    policy). trtllm_fp4_block_scale_moe needs its 8 input shapes ((0,) for None), hidden_size and
+    num_experts, because FlashInfer derives its config from the tensors present."""
+    if custom_op == MM_FP4:
+        from flashinfer.gemm import gemm_base as gb
+        return gb._MM_FP4_TUNING_CONFIG_8x4 if use_8x4_sf_layout else gb._MM_FP4_TUNING_CONFIG_128x4
+    if custom_op == BMM_FP8:
+        from flashinfer.gemm import gemm_base as gb
+        return gb._FP8_GEMM_SM100_TUNING_CONFIG
+    if custom_op in (CUTLASS_MOE_GEMM1, CUTLASS_MOE_GEMM2):
+        # MoERunner.refine_tuning_config (fused_moe/core.py) only exists once the JIT module is
+        # built; this is the same config from the same FlashInfer helpers.
+        from flashinfer.autotuner import DynamicTensorSpec
+        from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets, make_hybrid_bucket_mapper
+        return TuningConfig(dynamic_tensor_specs=(DynamicTensorSpec(
+            (0,), (0,), get_hybrid_num_tokens_buckets(tune_max_num_tokens),
+            make_hybrid_bucket_mapper(tune_max_num_tokens)),))
+    if custom_op == TRTLLM_FP4_MOE:
+        if input_shapes is None or hidden_size is None or num_experts is None:
+            raise ValueError(f"{custom_op} needs input_shapes, hidden_size and num_experts")
+        from flashinfer.fused_moe.shared.inputs import MoeRunnerInputs
+        from flashinfer.fused_moe.shared.tuning import make_moe_tuning_config
+        from flashinfer.tllm_enums import Fp8QuantizationType
+        tensors = [None if tuple(s) == (0,) else torch.empty(tuple(s), device="meta") for s in input_shapes]
+        # Initializers do not enter the key, so none are passed (the real one reads topk_ids).
+        return make_moe_tuning_config(
+            MoeRunnerInputs.from_list(tensors), num_experts=num_experts, hidden_size=hidden_size,
+            fp8_quantization_type=Fp8QuantizationType.NoneFp8, init_packed_topk_ids=None,
+            tune_max_num_tokens=tune_max_num_tokens, use_cold_l2_cache=True, use_cuda_graph=True)
+    raise ValueError(f"no tuning config known for FlashInfer op {custom_op!r}")
+
+
+def sglang_cache_path(cache_dir: str | Path | None, *, model_path: str, dtype: Any, quantization: str | None,
+                      moe_runner_backend: str, tp_size: int, pp_size: int, attn_dp_size: int, moe_ep_size: int,
+                      hf_config_class: str, sm: int, flashinfer_version: str | None = None,
+                      skip_ops: Iterable[str] = (), draft_quantization: str | None = None,
+                      tp_rank: int = 0, pp_rank: int = 0, dp_rank: int | None = 0,
+                      gpu_uuid: str | None = None) -> Path:
+    """Where SGLang 0.5.23 reads and writes the tactics of one rank
+    (flashinfer_autotune_cache_path, flashinfer_autotune.py:164-214).
+
+    Pass the values as the server resolves them: quantization and moe_runner_backend after
+    "auto"/checkpoint resolution, dtype as the torch dtype (str() of it enters the hash),
+    hf_config_class as transformers' config class name. draft_quantization only for a
+    speculative draft worker's file; gpu_uuid only for the flashinfer_megamoe target file.
+    cache_dir None means $SGLANG_CACHE_DIR, default ~/.cache/sglang."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang"))
+    if flashinfer_version is None:
+        import flashinfer
+        flashinfer_version = getattr(flashinfer, "__version__", "unknown")
+    dtype_str = str(dtype)
+    if not dtype_str.startswith("torch."):   # mr.dtype is a torch.dtype: "torch.bfloat16"
+        dtype_str = f"torch.{dtype_str}"
+    parts = [str(model_path), dtype_str, str(quantization), str(moe_runner_backend), str(tp_size),
+             str(pp_size), str(attn_dp_size), str(moe_ep_size), str(hf_config_class),
+             "candidate_selection=v2_default", "skip_ops=" + ",".join(sorted(set(skip_ops)))]
+    if draft_quantization is not None:
+        parts.append(f"draft_quant={draft_quantization}")
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    rank = f"rank_tp{tp_rank}_pp{pp_rank}_dp{dp_rank or 0}"
+    if gpu_uuid is not None:
+        rank += f"_gpu{gpu_uuid}"
+    # sm is major*10+minor, and SGLang writes f"sm{major}{minor}": the same digits.
+    return Path(cache_dir) / "flashinfer" / "autotune" / flashinfer_version / f"sm{sm}" / key / f"{rank}.json"
+
+
+def metadata_for(device_versions: Mapping[str, Any], *, wildcard: Iterable[str] = ()) -> dict[str, str]:
+    """`_metadata` for the GPU machine's environment, from versions recorded there (best:
+    flashinfer.autotuner._collect_metadata() run on that machine; "flashinfer"/"cuda" are accepted
+    for flashinfer_version/cuda_version). Fields in `wildcard` become "*", which any environment
+    accepts. load_configs ignores the whole file when a field differs or is missing."""
+    fields = list(_collect_metadata())   # the fields this FlashInfer compares
+    given = {_ALIASES.get(k, k): v for k, v in device_versions.items()}
+    wild = set(wildcard)
+    unknown = wild - set(fields)
+    if unknown:
+        raise ValueError(f"FlashInfer has no metadata field(s) {sorted(unknown)}; fields: {fields}")
+    missing = [f for f in fields if f not in wild and given.get(f) is None]
+    if missing:
+        raise ValueError(f"versions of the target machine lack {missing}; record "
+                         "flashinfer.autotuner._collect_metadata() on the GPU machine")
+    # Values are compared as strings (cudnn_version is "92400", not 92400).
+    meta = {f: "*" if f in wild else str(given[f]) for f in fields}
+    import flashinfer
+    if meta["flashinfer_version"] not in ("*", flashinfer.__version__):
+        raise ValueError(f"target runs FlashInfer {meta['flashinfer_version']}, keys here would be built by "
+                         f"FlashInfer {flashinfer.__version__}; install the target's version")
+    return meta
+
+
+def write_cache(path: str | Path, entries: Iterable[CacheEntry], metadata: Mapping[str, Any]) -> None:
+    """Write `entries` to FlashInfer cache file `path`, atomically, as save_configs would.
+
+    An existing file of the same environment is merged (its other entries and records are kept,
+    ours win on equal keys, its metadata stays). One whose metadata is indeterminate ("unknown"
+    or missing fields) is replaced, as FlashInfer heals it. One of a different environment, or one
+    that is not a JSON object, raises ValueError and is left as it is."""
+    path = Path(path)
+    new = {e.file_key: e.value for e in entries}
+    meta: dict = dict(metadata)
+    configs, records = new, {}
+    try:
+        disk = json.loads(path.read_text())
+    except FileNotFoundError:
+        disk = None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); not overwritten") from None
+    if disk is not None:
+        if not isinstance(disk, dict):
+            raise ValueError(f"{path} is not a FlashInfer cache (not a JSON object); not overwritten")
+        disk_meta = disk.pop(_METADATA_KEY, None)
+        disk.pop(_CACHE_GENERATION_KEY, None)
+        disk_records = disk.pop(_NAMESPACED_RECORDS_KEY, {})
+        hard, soft = (_classify_metadata_mismatches(disk_meta, meta) if disk_meta is not None else ({}, {}))
+        if hard:
+            raise ValueError(f"{path} belongs to a different environment ({_format_meta_mismatches(hard)}); "
+                             "not overwritten")
+        if not soft:
+            configs = {**disk, **new}
+            meta = disk_meta or meta
+            records = disk_records if isinstance(disk_records, dict) else {}
+    write_atomic(path, _render(meta, records, configs))
+
+
+def _render(meta: Mapping, records: Mapping, configs: Mapping) -> str:
+    """save_configs' layout: metadata, records, sorted entries, then the generation hash."""
+    ordered: dict[str, Any] = {_METADATA_KEY: dict(meta)}
+    if records:
+        ordered[_NAMESPACED_RECORDS_KEY] = dict(records)
+    for key in sorted(configs):
+        ordered[key] = configs[key]
+    # Same hash as save_configs; SGLang's namespaced-record writers compare it to detect races.
+    source = json.dumps(ordered, sort_keys=True, separators=(",", ":")).encode()
+    ordered[_CACHE_GENERATION_KEY] = hashlib.sha256(source).hexdigest()
+    return json.dumps(ordered, indent=2)

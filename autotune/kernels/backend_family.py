@@ -1,0 +1,98 @@
+"""Backend-choice families: the same kernel protocol, where a config names a backend.
+
+A config is {"backend": name, "tactic": t}. tactic -1 runs the backend as SGLang would (its own
+default or FlashInfer's autotuned choice); tactics >= 0 are searched where the backend exposes
+them. Which backends may run comes from the one capability table (autotune.backends); SGLang's
+`auto` choice is the seed and the baseline. Each concrete family supplies its problems' inputs,
+a runner per backend and the float32 reference.
+"""
+from __future__ import annotations
+
+from .. import backends as table
+from ..device import DeviceInfo
+from ..spaces import Space
+
+LAYER = "layer"   # these families have one "GEMM" per problem: the whole call
+
+
+class BackendFamily:
+    name = ""
+    gemms = (LAYER,)
+
+    # -- what may run ------------------------------------------------------------------------------
+    def availability(self, device: DeviceInfo) -> list:
+        return table.plan(self.name, device, check_imports=device.kind == "gpu")
+
+    def unsupported_reason(self, problem, device: DeviceInfo) -> str | None:
+        if device.kind == "cpu-interpreter":
+            return f"{self.name} backends need a GPU"
+        plan = self.availability(device)
+        if any(a.ok for a in plan):
+            return None
+        return "no backend runs here: " + "; ".join(f"{a.backend.name}: {a.reason}" for a in plan)
+
+    def space(self, problem, gemm: str, device: DeviceInfo) -> Space:
+        names = tuple(a.backend.name for a in self.availability(device) if a.ok)
+        return Space(self.name, {"backend": names, "tactic": (-1,)})
+
+    def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
+        try:
+            b = table.get(self.name, config["backend"])
+        except KeyError as e:
+            return str(e).strip("'\"")
+        a = table.availability(b, device, check_imports=device.kind == "gpu")
+        if not a.ok:
+            return a.reason
+        if config.get("tactic", -1) != -1 and not b.tactics:
+            return f"{b.name} has no tactics to choose"
+        return None
+
+    def sglang_auto(self, device: DeviceInfo) -> str | None:
+        """The backend SGLang's server picks for `auto` on this GPU."""
+        return table.sglang_auto(self.name, device)
+
+    def sglang_value(self, backend: str) -> str | None:
+        """The server-argument value selecting `backend` (None: SGLang cannot select it)."""
+        return table.get(self.name, backend).sglang_value
+
+    def baselines(self, problem, M: int, device: DeviceInfo) -> dict:
+        auto = self.sglang_auto(device)
+        return {"auto": {LAYER: {"backend": auto, "tactic": -1}}} if auto else {}
+
+    def tolerance(self, problem, on_cpu: bool = False) -> float:
+        raise NotImplementedError
+
+    def compile(self, config: dict, inputs) -> None:
+        """FlashInfer and SGLang JIT modules are built by `warmup` in the first worker."""
+
+    def warmup(self, problems: list, on_cpu: bool = False) -> None:
+        """Run every available backend once on the first problem's smallest M, so their JIT
+        builds (nvcc, minutes for CUTLASS MoE) happen once, before other workers start."""
+        if on_cpu or not problems:
+            return
+        import torch
+
+        from ..device import detect
+
+        device = detect()
+        p = problems[0]
+        inputs = self.make_inputs(p, LAYER, min(p.batch_sizes), routings=1)
+        for a in self.availability(device):
+            if a.ok:
+                try:
+                    self.run({"backend": a.backend.name, "tactic": -1}, inputs, 0)
+                    torch.cuda.synchronize()
+                except Exception:
+                    # A backend that fails here fails again, recorded, in its trial.
+                    torch.cuda.synchronize()
+
+    # -- launch -----------------------------------------------------------------------------------
+    def run(self, config: dict, inputs, routing: int):
+        runner = getattr(self, "run_" + config["backend"].replace("-", "_"))
+        return runner(inputs, routing, config.get("tactic", -1))
+
+
+def rotate(n: int, make):
+    """`n` independent copies (different weights / activations) so a graph of several calls
+    does not find the previous call's operands in L2."""
+    return [make(i) for i in range(n)]

@@ -1,0 +1,122 @@
+"""FP8 dense GEMM backends: out[M, N] = x[M, K] @ W[N, K]^T, x bf16 quantized on the fly.
+
+SGLang-selectable (block [128, 128] weights, per-token-group activations): its Triton kernel,
+DeepGEMM and the sgl_kernel CUTLASS kernel, each through SGLang's own linear function. For
+reference only (per-tensor scales, what `torch._scaled_mm` and FlashInfer's `bmm_fp8` take):
+cuBLASLt and FlashInfer's cuBLAS / cuDNN backends. The check is against the float32 product of
+the unquantized operands: FP8 rounding lands at 2-4%, a broken kernel at ~100%.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backend_family import BackendFamily, rotate
+
+FP8_MAX = 448.0
+BLOCK = (128, 128)
+
+
+@dataclass
+class GemmInputs:
+    problem: object
+    M: int
+    x: list              # bf16 [M, K] per copy
+    w_block: list        # (fp8 [N, K], float32 [N/128, K/128]) per copy
+    w_tensor: list       # (fp8 [N, K], float32 scalar) per copy
+    w_ref: object        # float32 [N, K] of copy 0
+    C: object = None     # last output (poisoned before the checked launch)
+    on_cpu: bool = False
+    cache: dict = field(default_factory=dict)
+
+
+def quantize_block(w, block=BLOCK):
+    import torch
+
+    N, K = w.shape
+    bn, bk = block
+    rb, cb = -(-N // bn), -(-K // bk)
+    pad = torch.zeros(rb * bn, cb * bk, device=w.device)
+    pad[:N, :K] = w
+    blocks = pad.view(rb, bn, cb, bk)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(rb * bn, cb * bk)[:N, :K]
+    return q.contiguous(), scale.float()
+
+
+def quantize_tensor(w):
+    import torch
+
+    scale = w.abs().amax().clamp(min=1e-12).float() / FP8_MAX
+    return (w / scale).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+class Fp8Gemm(BackendFamily):
+    name = "fp8_gemm"
+
+    def tolerance(self, problem, on_cpu: bool = False) -> float:
+        return 0.08
+
+    def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
+        import torch
+
+        dev = "cpu" if on_cpu else "cuda"
+        g = torch.Generator(device=dev).manual_seed(seed * 7919 + M)
+        N, K = problem.N, problem.K
+
+        def weights(i):
+            return torch.randn(N, K, generator=g, device=dev) / K ** 0.5
+        ws = rotate(routings, weights)
+        x = rotate(routings, lambda i: torch.randn(M, K, generator=g, device=dev).to(torch.bfloat16))
+        return GemmInputs(problem, M, x, [quantize_block(w) for w in ws], [quantize_tensor(w) for w in ws],
+                          ws[0].float(), on_cpu=on_cpu)
+
+    def reference(self, inputs: GemmInputs, config=None):
+        return inputs.x[0].float() @ inputs.w_ref.T
+
+    def _out(self, inputs, out):
+        inputs.C = out
+        return out
+
+    # -- SGLang's block-FP8 linear functions (what --fp8-gemm-backend selects) ---------------------
+    def _sglang_linear(self, fn_name: str, inputs: GemmInputs, i: int):
+        from sglang.srt.layers.quantization import fp8_utils
+
+        w, s = inputs.w_block[i]
+        return self._out(inputs, getattr(fp8_utils, fn_name)(inputs.x[i], w, list(BLOCK), s))
+
+    def run_triton(self, inputs, i, tactic):
+        return self._sglang_linear("triton_w8a8_block_fp8_linear", inputs, i)
+
+    def run_deep_gemm(self, inputs, i, tactic):
+        return self._sglang_linear("deepgemm_w8a8_block_fp8_linear_with_fallback", inputs, i)
+
+    def run_cutlass(self, inputs, i, tactic):
+        return self._sglang_linear("cutlass_w8a8_block_fp8_linear_with_fallback", inputs, i)
+
+    # -- per-tensor references -------------------------------------------------------------------------
+    def _quant_x(self, x):
+        a, s = quantize_tensor(x.float())
+        return a, s
+
+    def run_torch_scaled_mm(self, inputs, i, tactic):
+        import torch
+
+        a, sa = self._quant_x(inputs.x[i])
+        w, sw = inputs.w_tensor[i]
+        out = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)
+        return self._out(inputs, out)
+
+    def _bmm_fp8(self, backend: str, inputs, i):
+        import flashinfer
+        import torch
+
+        a, sa = self._quant_x(inputs.x[i])
+        w, sw = inputs.w_tensor[i]
+        out = flashinfer.bmm_fp8(a.unsqueeze(0), w.t().unsqueeze(0), sa, sw, torch.bfloat16, backend=backend)
+        return self._out(inputs, out.squeeze(0))
+
+    def run_flashinfer_cublas(self, inputs, i, tactic):
+        return self._bmm_fp8("cublas", inputs, i)
+
+    def run_flashinfer_cudnn(self, inputs, i, tactic):
+        return self._bmm_fp8("cudnn", inputs, i)

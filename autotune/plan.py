@@ -1,0 +1,74 @@
+"""Which problems each requested kernel family tunes on this device, and why others are left out.
+
+Families: triton_moe (SGLang's Triton fused-MoE configs per shape and M), the MoE runner choice
+for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense GEMM backend
+choice (fp8_gemm, fp4_gemm). A family that cannot run here is reported once, with why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import models
+
+KERNELS = ("triton_moe", "moe_bf16", "moe_fp8", "moe_fp4", "fp8_gemm", "fp4_gemm")
+MOE_DTYPE = {"moe_bf16": "bf16", "moe_fp8": "fp8_w8a8_block", "moe_fp4": "nvfp4"}
+GEMM_DTYPE = {"fp8_gemm": "fp8_w8a8_block", "fp4_gemm": "nvfp4"}
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass
+class FamilyPlan:
+    name: str
+    family: object
+    problems: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)     # (problem, why)
+    unsupported: str | None = None                  # the whole family cannot run here
+
+
+def parse_kernels(text: str | None) -> list[str]:
+    if not text or text == "all":
+        return list(KERNELS)
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in names if k not in KERNELS]
+    if bad:
+        raise PlanError(f"unknown kernel family {', '.join(map(repr, bad))}; known: {', '.join(KERNELS)}, all")
+    return names
+
+
+def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, device, cache=None,
+          options: dict | None = None) -> tuple[models.Expansion, list[FamilyPlan]]:
+    """Plans per family. `dtypes` filters triton_moe's dtypes (None: all it supports)."""
+    from .kernels import get_family
+
+    options = options or {}
+    recorded = {(m.problem, m.gemm) for m in cache.records.values()} if cache is not None else set()
+    triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
+    plans = []
+    for name in kernels:
+        fam = get_family(name, **options.get(name, {}))
+        if name == "triton_moe":
+            problems = triton.problems
+        elif name in MOE_DTYPE:
+            problems = models.expand(chosen_models, tps, eps, (MOE_DTYPE[name],), batch_sizes).problems
+        else:
+            problems = [g for m in chosen_models for tp in tps
+                        for g in models.dense_gemms(m, tp, GEMM_DTYPE[name], batch_sizes)]
+            problems = list({p.key: p for p in problems}.values())
+        plan = FamilyPlan(name, fam)
+        for p in problems:
+            why = fam.unsupported_reason(p, device)
+            if why is None and cache is not None:
+                rec = cache.problems.get(p.key)
+                if rec is None or not any((p.key, g) in recorded for g in fam.gemms):
+                    why = "not in the replay cache"
+                elif batch_sizes == models.DEFAULT_BATCH_SIZES:
+                    p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
+            (plan.skipped.append((p, why)) if why else plan.problems.append(p))
+        if not plan.problems and plan.skipped:
+            reasons = {why for _, why in plan.skipped}
+            plan.unsupported = reasons.pop() if len(reasons) == 1 else "; ".join(sorted(reasons))
+        plans.append(plan)
+    return triton, plans

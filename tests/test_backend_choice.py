@@ -1,0 +1,73 @@
+"""Backend choice end to end on the CPU: a NaN-at-one-M, a zeros, a crashing and a hanging
+backend are each disqualified with their reason, and the correct winner is exported."""
+import argparse
+
+import optuna
+import pytest
+
+from autotune.choice import BackendTuner, server_choice
+from autotune.device import DeviceInfo
+from autotune.export import server_args
+from autotune.models import Problem
+from autotune.worker import Settings, WorkerPool
+from tests.faulty_backends import FaultyBackends
+
+DEVICE = DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376, kind="cpu-interpreter")
+PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2, 64, 1024))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("choice")
+    fam = FaultyBackends()
+    settings = Settings(family="tests.faulty_backends:FaultyBackends", on_cpu=True, routings=1, repeats=5)
+    with WorkerPool(settings, n_workers=3, timeout_s=6) as pool:
+        tuner = BackendTuner(optuna.storages.InMemoryStorage(), PROBLEM, fam, DEVICE, pool, careful_repeats=7)
+        tuner.measure()
+        choices = tuner.select()
+    decode = server_choice(fam, DEVICE, [tuner], "decode")
+    path = server_args.write(tmp, DEVICE, [(decode, fam)], None, {"choices": {}})
+    return tuner, choices, decode, path
+
+
+def test_each_broken_backend_is_disqualified_with_its_evidence(run):
+    tuner, _, _, _ = run
+    bad = tuner.disqualified()
+    assert set(bad) == {"nan_at_2", "zeros", "crash", "hang"}
+    assert bad["nan_at_2"].M == 2 and "NaN" in bad["nan_at_2"].reason     # fine at M=1, caught at M=2
+    assert bad["zeros"].status == "wrong_result" and "relative error" in bad["zeros"].reason
+    assert bad["crash"].status == "crash" and "SIGSEGV" in bad["crash"].reason
+    assert bad["hang"].status == "timeout"
+
+
+def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):
+    _, choices, _, _ = run
+    assert set(choices) == {1, 2, 64, 1024}
+    for c in choices.values():
+        assert c.config["backend"] == "good_fast"
+        assert c.auto_us is not None and c.time_us < c.auto_us
+        # a disqualified backend is never even a candidate, also at the Ms where it ran fine
+        assert all(x["config"]["backend"] in ("good_fast", "good_slow") for x in c.candidates)
+
+
+def test_server_args_name_the_winner_and_the_reasons(run):
+    _, _, decode, path = run
+    assert decode.backend == "good_fast" and decode.gain_vs_auto > 1.5
+    text = path.read_text()
+    assert "moe-runner-backend: flashinfer_cutlass" in text
+    for b in ("nan_at_2", "zeros", "crash", "hang"):
+        assert f"disqualified {b}:" in text
+    assert "skipped missing: needs a GPU" in text
+    assert server_args.read_values(path) == {"moe-runner-backend": "flashinfer_cutlass"}
+
+
+def test_sglang_own_config_loader_accepts_the_file(run):
+    """SGLang's --config merger + its argument parser read our file into its server args."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    _, _, _, path = run
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ConfigArgumentMerger(parser).merge_config_with_args(["--model-path", "m", "--config", str(path)])
+    assert parser.parse_args(argv).moe_runner_backend == "flashinfer_cutlass"

@@ -1,0 +1,94 @@
+"""The capability table: what may run where, with the reason for what may not."""
+import pytest
+
+from autotune import backends
+from autotune.device import DeviceInfo, SMEM_OPTIN
+
+
+def dev(sm, cuda="13.0"):
+    return DeviceInfo(f"sm{sm}", sm, SMEM_OPTIN.get(sm, 101376), versions={"cuda": cuda})
+
+
+def allowed(family, sm, cuda="13.0"):
+    return {a.backend.name: a.ok for a in backends.plan(family, dev(sm, cuda), check_imports=False)}
+
+
+def test_h200_runs_no_fp4_backend_and_says_why():
+    for family in ("fp4_gemm", "moe_fp4"):
+        plan = backends.plan(family, dev(90), check_imports=False)
+        assert plan and not any(a.ok for a in plan)
+        assert all("SM90" in a.reason for a in plan)
+
+
+def test_sm120_skips_trtllm_and_cutedsl_moe_and_allows_cutlass_cudnn_b12x():
+    moe = allowed("moe_fp4", 120)
+    assert moe == {"flashinfer_cutlass": True, "flashinfer_trtllm": False, "flashinfer_cutedsl": False, "b12x": True}
+    gemm = allowed("fp4_gemm", 120)
+    assert gemm["cudnn"] and gemm["cutlass"] and gemm["b12x"] and not gemm["trtllm"]
+    reasons = {a.backend.name: a.reason for a in backends.plan("moe_fp4", dev(120), check_imports=False)}
+    assert "SM100 cubins" in reasons["flashinfer_trtllm"] and "NaN" in reasons["flashinfer_cutedsl"]
+
+
+def test_sm100_allows_trtllm():
+    assert allowed("moe_fp4", 100)["flashinfer_trtllm"]
+    assert allowed("fp4_gemm", 100)["trtllm"]
+    assert not allowed("moe_fp4", 100)["b12x"]
+
+
+def test_b12x_needs_cuda_13():
+    assert not allowed("moe_fp4", 120, cuda="12.9")["b12x"]
+    assert not allowed("fp4_gemm", 120, cuda="12.8")["b12x"]
+
+
+def test_sm90_backends_for_the_h200_families():
+    assert allowed("moe_bf16", 90) == {"triton": True, "flashinfer_cutlass": True}
+    fp8 = allowed("fp8_gemm", 90)
+    assert fp8["triton"] and fp8["torch_scaled_mm"] and fp8["flashinfer_cublas"] and fp8["flashinfer_cudnn"]
+
+
+def test_table_agrees_with_flashinfers_own_declarations_for_mm_fp4():
+    """Where we defer to FlashInfer, our answer is FlashInfer's answer (no stale copy)."""
+    import flashinfer
+
+    for sm in (90, 100, 120):
+        for b in backends.backends("fp4_gemm"):
+            fn, arg = b.flashinfer
+            if arg is None or (b.min_cuda and sm >= 120 and b.name == "b12x"):
+                continue
+            assert backends.availability(b, dev(sm), check_imports=False).ok == flashinfer.mm_fp4.is_backend_supported(arg, sm)
+
+
+def test_every_selectable_value_is_one_sglang_accepts():
+    from sglang.srt.arg_groups import choices
+
+    accepted = {"fp4-gemm-backend": choices.FP4_GEMM_RUNNER_BACKEND_CHOICES,
+                "fp8-gemm-backend": choices.FP8_GEMM_RUNNER_BACKEND_CHOICES,
+                "moe-runner-backend": choices.MOE_RUNNER_BACKEND_CHOICES}
+    for b in backends.TABLE:
+        if b.sglang_value is not None:
+            assert b.sglang_value in accepted[backends.FAMILY_FLAGS[b.family]], b
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(KeyError, match="unknown kernel family"):
+        backends.backends("fp3_gemm")
+    with pytest.raises(KeyError, match="unknown backend"):
+        backends.get("fp4_gemm", "tensorrt")
+
+
+def test_missing_package_is_a_reason_not_a_crash():
+    b = backends.get("fp8_gemm", "deep_gemm")
+    a = backends.availability(b, dev(90))
+    assert a.ok is False and "deep_gemm" in a.reason
+
+
+def test_sglang_auto_resolution_per_gpu():
+    # the field failure this project exists for: auto picks trtllm MoE on SM120, which the table forbids
+    auto = backends.sglang_auto("moe_fp4", dev(120))
+    assert auto == "flashinfer_trtllm"
+    assert not backends.availability(backends.get("moe_fp4", auto), dev(120), check_imports=False).ok
+    assert backends.sglang_auto("fp4_gemm", dev(120)) == "cutlass"
+    assert backends.sglang_auto("fp4_gemm", dev(100)) == "cute-dsl"
+    assert backends.sglang_auto("fp8_gemm", dev(90), deep_gemm=False) == "triton"
+    assert backends.sglang_auto("fp8_gemm", dev(90), deep_gemm=True) == "deep_gemm"
+    assert backends.sglang_auto("moe_bf16", dev(90)) == "triton"
