@@ -141,6 +141,7 @@ def _importable(module: str) -> bool:
 
 def availability(b: Backend, device: DeviceInfo, check_imports: bool = True) -> Availability:
     sm = device.sm
+    needs = b.needs + (("flashinfer",) if "flashinfer" in b.calls else ())
     for kf in KNOWN_FAILURES:
         if kf.family == b.family and kf.backend == b.name and sm in kf.sms:
             return Availability(b, False, f"known failure on SM{sm}: {kf.reason}")
@@ -158,7 +159,7 @@ def availability(b: Backend, device: DeviceInfo, check_imports: bool = True) -> 
             return Availability(b, False, f"needs CUDA >= {b.min_cuda[0]}.{b.min_cuda[1]}, "
                                           f"this is {device.versions.get('cuda') or 'unknown'}")
     if check_imports:
-        for mod in b.needs:
+        for mod in needs:
             if not _importable(mod):
                 return Availability(b, False, f"needs the '{mod}' package, not installed")
     return Availability(b, True)
