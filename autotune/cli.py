@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+EXIT_STORAGE_LOST = 3
 
 
 class UsageError(Exception):
@@ -108,7 +109,7 @@ def _open_device(args, kernels=("triton_moe",)):
             cache = read_cache(args.replay)
         except CacheError as e:
             raise UsageError(str(e))
-        pool = ReplayPool(cache)
+        pool = ReplayPool(cache, realtime=getattr(args, "replay_realtime", 0.0) or 0.0)
         device = pool.device
     elif os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
         device, gpus = devmod.cpu_interpreter(), [0]
@@ -140,6 +141,15 @@ def _family_options(args, device) -> dict:
     return opts
 
 
+def _add_search_args(p) -> None:
+    g = p.add_argument_group("search")
+    g.add_argument("--trials", type=int, help="measured trials per (GEMM, M) study (default 40)")
+    g.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
+    g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
+    g.add_argument("--study", help="run name the studies are filed under (default: the GPU's name)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def _add_device_args(p) -> None:
     g = p.add_argument_group("device")
     g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU")
@@ -149,6 +159,8 @@ def _add_device_args(p) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--skew", type=float, default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
     g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
+    g.add_argument("--replay-realtime", type=float, default=0.0,
+                   help="with --replay: answer after this many x the recorded device seconds (tests)")
 
 
 def _plan(args, device, cache, kernels=("triton_moe",), options=None):
@@ -191,7 +203,8 @@ def cmd_run(args) -> int:
     except OSError as e:
         raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
-    storage = args.storage or "sqlite:///autotune.db"
+    run_name = _run_name(args, device)
+    storage = _storage(args, device, run_name)
     with pool:
         label = ("REPLAY of a recorded measurement cache (" + args.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
@@ -210,7 +223,7 @@ def cmd_run(args) -> int:
             raise UsageError("nothing to tune on this device (see the lines above)")
         from .study import Clock
         clock = Clock(pool)
-        dev_name = device.file_name + ("~replay" if device.is_replay else "")
+        dev_name = run_name
         for fp in plans:
             if fp.name == "triton_moe" and fp.problems:
                 _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
@@ -220,17 +233,35 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _run_name(args, device) -> str:
+    """Studies are named after the run (default: the GPU's name); replays never share a GPU's."""
+    return (getattr(args, "study", None) or device.file_name) + ("~replay" if device.is_replay else "")
+
+
+def _storage(args, device, run_name: str, shared: bool = False):
+    from .study import StorageError, claim, open_storage
+
+    try:
+        storage = open_storage(args.storage, shared=shared, heartbeat_s=getattr(args, "heartbeat", 10))
+        claim(storage, run_name, device)
+    except StorageError as e:
+        raise UsageError(str(e))
+    return storage
+
+
+def _triton_settings(args, budget):
+    from .study import TuneSettings
+    return TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
+                        neighbours=args.neighbours, use_shipped=not args.no_shipped)
+
+
 def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
     from tqdm import tqdm
 
-    from .export.sglang import ExportError, export_problem
-    from .report import format_table, problem_table
-    from .select import select_problem
-    from .study import ProblemTuner, TuneSettings
+    from .study import ProblemTuner
 
     family = fp.family
-    settings = TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
-                            neighbours=args.neighbours, use_shipped=not args.no_shipped)
+    settings = _triton_settings(args, budget)
     for p in fp.problems:
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
@@ -240,23 +271,7 @@ def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) ->
             bar.update(sum(s.asked for s in tuner.slots.values()))
             tuner.measure_baselines()
             tuner.search()
-        choices = select_problem(tuner, settings.top, settings.careful_repeats)
-        trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
-        run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
-                    "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
-                    "device_seconds": round(clock.device_s(), 1),
-                    "wall_seconds": round(time.monotonic() - t0, 1), "storage": _safe_url(storage),
-                    "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
-        try:
-            summary = export_problem(args.out, device, p, choices, run_info)
-        except ExportError as e:
-            raise UsageError(str(e))
-        print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
-              f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
-        print(format_table(problem_table(choices, trials)))
-        for M, why in summary["kept"].items():
-            print(f"  M={M}: kept the existing config ({why})")
-        print("  wrote " + "\n  wrote ".join(summary["files"]))
+        _select_and_export(args, tuner, device, clock, t0)
         if args.record:
             _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()))
 
@@ -304,8 +319,31 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
     print(f"\nwrote {path}")
 
 
-def _safe_url(url: str) -> str:
-    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+def _select_and_export(args, tuner, device, clock, t0) -> None:
+    from .export.sglang import ExportError, export_problem
+    from .report import format_table, problem_table
+    from .select import select_problem
+    from .study import safe_url
+
+    p, settings = tuner.problem, tuner.settings
+    choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
+    run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
+                "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
+                "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
+                "wall_seconds": round(time.monotonic() - t0, 1),
+                "storage": safe_url(args.storage or "sqlite:///autotune.db"),
+                "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
+    try:
+        summary = export_problem(args.out, device, p, choices, run_info)
+    except ExportError as e:
+        raise UsageError(str(e))
+    print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
+          f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
+    print(format_table(problem_table(choices, trials)))
+    for M, why in summary["kept"].items():
+        print(f"  M={M}: kept the existing config ({why})")
+    print("  wrote " + "\n  wrote ".join(summary["files"]))
 
 
 def _record(path, device, problem, measurements) -> None:
@@ -320,6 +358,63 @@ def _record(path, device, problem, measurements) -> None:
         if m.status != "invalid":
             cache.add(m)
     write_cache(path, cache)
+
+
+# --- many workers on one shared study ------------------------------------------------------------
+
+def cmd_worker(args) -> int:
+    """Search the run's studies together with any number of other workers (any hosts) sharing
+    the storage; stops when every study has its trials. Selection and files: `autotune export`."""
+    from tqdm import tqdm
+
+    from .study import Clock, ProblemTuner
+
+    budget = _parse_duration(args.budget) if args.budget else None
+    device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
+    run_name = _run_name(args, device)
+    storage = _storage(args, device, run_name, shared=True)
+    settings = _triton_settings(args, budget)
+    clock = Clock(pool)
+    with pool:
+        fp = plans[0]
+        if not fp.problems:
+            raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
+        for p in fp.problems:
+            with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
+                      desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
+                                     study_device=run_name)
+                tuner.measure_baselines()
+                tuner.search()
+            print(f"{p.key}: {'complete' if tuner.complete() else 'stopped'}; this worker stored "
+                  f"{tuner.stored_trials} trial measurements ({tuner.measured_now} device measurements)")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """Select per M (top candidates re-measured on this device or replay) and write the files,
+    from a shared study. Refuses a study short of its trials unless --partial."""
+    from .study import Clock, ProblemTuner
+
+    if args.out is None:
+        args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
+    device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
+    run_name = _run_name(args, device)
+    storage = _storage(args, device, run_name)
+    settings = _triton_settings(args, None)
+    clock = Clock(pool)
+    with pool:
+        for p in plans[0].problems:
+            t0 = time.monotonic()
+            tuner = ProblemTuner(storage, p, plans[0].family, device, pool, settings, clock=clock,
+                                 study_device=run_name)
+            if not tuner.complete() and not args.partial:
+                done = sum(min(s.asked, settings.trials) for s in tuner.slots.values())
+                raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
+                                 f"trials); nothing exported (--partial exports it anyway)")
+            tuner.measure_baselines()
+            _select_and_export(args, tuner, device, clock, t0)
+    return 0
 
 
 # --- record: measure a whole grid into a cache ---------------------------------------------------
@@ -419,13 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="tune, select, export SGLang's config files")
     _add_selection(p)
     _add_device_args(p)
-    p.add_argument("--trials", type=int, help="measured trials per (GEMM, M) study (default 40)")
+    _add_search_args(p)
     p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
-    p.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--record", help="also write every measurement to this cache file")
-    p.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
     p.add_argument("--kernels", default="all",
                    help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
                         "(default: all that this GPU supports)")
@@ -433,8 +526,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch-size mix the one-backend-per-server choice optimises (default decode)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
+    _add_selection(p)
+    _add_device_args(p)
+    _add_search_args(p)
+    p.add_argument("--storage", required=True, help="shared Optuna storage URL, e.g. postgresql://...")
+    p.add_argument("--gpu", dest="gpus", default="0", help="the GPU this worker measures on")
+    p.add_argument("--heartbeat", type=int, default=10,
+                   help="seconds between heartbeats; a worker silent for 3 is declared dead")
+    p.add_argument("--budget", help="stop asking after this much device time, e.g. 20m")
+    p.set_defaults(fn=cmd_worker)
+
+    p = sub.add_parser("export", help="select and write SGLang's files from a (shared) study")
+    _add_selection(p)
+    _add_device_args(p)
+    _add_search_args(p)
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
+    p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
     _add_selection(p)
@@ -462,6 +574,16 @@ def main(argv=None) -> int:
     except (UsageError, ModelError, SpaceError) as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:
+        import optuna
+        import sqlalchemy.exc
+
+        if not isinstance(e, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+            raise
+        print(f"autotune: error: storage lost mid-run ({type(e).__name__}: {str(e).splitlines()[0]}); "
+              "measurements told before are kept, nothing was exported for the unfinished problem",
+              file=sys.stderr)
+        return EXIT_STORAGE_LOST
     except KeyboardInterrupt:
         print("autotune: interrupted; finished measurements are in the storage, a re-run resumes", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ replayed run reports the GPU time it would have cost. Everything it produces is 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 
 from . import records
@@ -22,9 +23,13 @@ class ReplayPool:
     """`workers` answers may be outstanding at once, as with that many measurement processes
     (the search then asks that many configs before it hears back); default 1, sequential."""
 
-    def __init__(self, cache: Cache, parallel_compiles: int | None = None, workers: int = 1):
+    def __init__(self, cache: Cache, parallel_compiles: int | None = None, workers: int = 1,
+                 realtime: float = 0.0):
         self.cache = cache
         self.workers = workers
+        # realtime > 0: an answer arrives after `realtime` x its recorded device seconds, as a GPU's
+        # would (reliability tests kill processes mid-trial).
+        self.realtime = realtime
         self.parallel = parallel_compiles or int(cache.notes.get("compile_workers", 15))
         self.charged_s = 0.0
         self.answered = 0
@@ -56,11 +61,16 @@ class ReplayPool:
                 self.charged_s += m.bench_s + m.compile_s / self.parallel
             self.answered += 1
             out.append(m)
-        self._done.append((task, out))
+        cost = sum(m.bench_s + m.compile_s / self.parallel for m in out)
+        self._done.append((time.monotonic() + self.realtime * cost, task, out))
 
     def poll(self, timeout: float = 0.0) -> list:
-        done = list(self._done)
-        self._done.clear()
+        if self.realtime and self._done:
+            first = min(due for due, _, _ in self._done)
+            time.sleep(max(0.0, min(timeout, first - time.monotonic())))
+        now = time.monotonic()
+        done = [(task, out) for due, task, out in self._done if due <= now]
+        self._done = deque(d for d in self._done if d[0] > now)
         return done
 
     def close(self) -> None:

@@ -16,8 +16,10 @@ Why this shape (argued in docs/DESIGN.md):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -50,6 +52,61 @@ def study_name(family: str, device_name: str, problem_key: str, gemm: str, M: in
     return f"{family}|{device_name}|{problem_key}|{gemm}|M={M}"
 
 
+class StorageError(RuntimeError):
+    pass
+
+
+DEFAULT_STORAGE = "sqlite:///autotune.db"
+
+
+def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
+    """Optuna's RDB storage. `shared`: several processes tune the same studies, so each one
+    records heartbeats for its running trials, and a trial whose process died (no heartbeat for
+    3 intervals) is failed and re-queued once with the same parameters (never lost, never
+    measured twice as a completed trial)."""
+    import warnings
+
+    url = url or DEFAULT_STORAGE
+    kwargs = {}
+    if shared:
+        kwargs = dict(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
+                      heartbeat_stale_trial_callback=_retry_dead_workers_trial)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **kwargs)
+    except Exception as e:
+        raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def fail_reason(study, number: int, why: str) -> None:
+    """Why a trial ended FAIL. Kept on the study: a finished trial's own attributes are frozen."""
+    study.set_user_attr(f"fail_reason:{number}", why)
+
+
+def _retry_dead_workers_trial(study, trial) -> None:
+    """A trial whose worker stopped heartbeating: say so, and queue its parameters once."""
+    fail_reason(study, trial.number, "its worker stopped heartbeating (killed or hung); re-queued once")
+    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)(study, trial)
+
+
+def safe_url(url: str) -> str:
+    import re
+    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+
+
+def claim(storage, run: str, device) -> None:
+    """Each run name belongs to one GPU model: measurements of another would poison its studies."""
+    meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
+    owner = meta.user_attrs.get("device")
+    if owner is None:
+        meta.set_user_attr("device", device.name)
+        meta.set_user_attr("sm", device.sm)
+    elif owner != device.name:
+        raise StorageError(f"run '{run}' in this storage belongs to {owner}; this is {device.name}: "
+                           f"it cannot join (give it its own --study name)")
+
+
 def distributions(space) -> dict:
     return {n: optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in space.params.items()}
 
@@ -59,10 +116,14 @@ class Slot:
     gemm: str
     M: int
     study: object
-    asked: int = 0           # measured asks so far (budget)
-    asks_total: int = 0      # all asks, including rejected and duplicates (loop guard)
+    asked: int = 0           # measured asks so far, by every process sharing the study (budget)
+    asks: int = 0            # all asks in the storage, rejected and duplicates included: seeds the
+                             # sampler, so a resumed run asks what an uninterrupted one would have
+    asks_here: int = 0       # asks by this process (loop guard)
     inflight: int = 0        # asked configs submitted and not yet told
+    running_all: int = 0     # asked trials RUNNING in the storage, any process (shared studies)
     exhausted: bool = False
+    indexed: set = field(default_factory=set)   # trial numbers already read
 
 
 @dataclass
@@ -84,7 +145,6 @@ class ProblemTuner:
         self.settings = settings
         self.progress = progress
         self.clock = clock or Clock(pool)
-        self.rng = random.Random(settings.seed)
         self.Ms = list(problem.batch_sizes)
         self.spaces = {g: family.space(problem, g, device) for g in family.gemms}
         self.dists = {g: distributions(s) for g, s in self.spaces.items()}
@@ -95,38 +155,74 @@ class ProblemTuner:
         self.careful: dict = {}      # (gemm, M, config_key) -> careful re-measurement (selection)
         self.failed = 0
         self.measured_now = 0        # device measurements made by this invocation
+        self.stored_trials = 0       # measurements this process stored as trials (asked or shared)
+        self.storage = storage
+        # Shared storages (heartbeats on) have other processes' trials RUNNING legitimately.
+        self.shared = bool(getattr(storage, "heartbeat_interval", None))
+        self._running: dict = {}     # trial_id -> study, for heartbeats
+        self._last_sync = 0.0
         self.slots: dict = {}
         for g in family.gemms:
             for M in self.Ms:
                 name = study_name(family.name, study_device or device.file_name, problem.key, g, M)
-                sampler = optuna.samplers.TPESampler(
-                    seed=(settings.seed * 1000003 + zlib.crc32(f"{g}/{M}".encode())) % 2**31, multivariate=True,
-                    constant_liar=True, n_startup_trials=settings.startup)
-                study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                            direction="minimize", load_if_exists=True)
+                study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+                                            load_if_exists=True)
                 self.slots[g, M] = Slot(g, M, study)
-                self._load(self.slots[g, M])
+                self._sync(self.slots[g, M], resume=True)
 
     # -- the measurement index, rebuilt from storage so a resumed run re-measures nothing --------
-    def _load(self, slot: Slot) -> None:
-        for t in slot.study.get_trials(deepcopy=False):
-            if t.state == optuna.trial.TrialState.RUNNING:
-                # One `autotune run` owns a study at a time: a RUNNING trial is an interrupted one.
-                slot.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    def _sync(self, slot: Slot, resume: bool = False) -> None:
+        """Read the study's trials not read yet (other processes add some while we run)."""
+        trials = slot.study.get_trials(deepcopy=False)
+        asks = running = 0
+        for t in trials:
+            if "shared_from" not in t.user_attrs and t.state != optuna.trial.TrialState.FAIL:
+                asks += 1
+            if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs:
+                running += 1
+            if t.number in slot.indexed:
                 continue
+            if t.state == optuna.trial.TrialState.RUNNING:
+                if resume and not self.shared:
+                    # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
+                    # Ask its parameters again first, so the resumed run follows the same path.
+                    fail_reason(slot.study, t.number, "interrupted (the run was stopped); asked again on resume")
+                    slot.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                    slot.study.enqueue_trial(t.params, skip_if_exists=False)
+                    slot.indexed.add(t.number)
+                    asks -= 1
+                continue
+            slot.indexed.add(t.number)
             if t.state != optuna.trial.TrialState.COMPLETE or ATTR not in t.user_attrs:
                 continue
             m = Measurement.from_dict(t.user_attrs[ATTR])
-            self.measured[slot.gemm, slot.M][config_key(m.config)] = m
+            self.measured[slot.gemm, slot.M].setdefault(config_key(m.config), m)
             if t.user_attrs.get("asked") and m.status != records.INVALID:
                 slot.asked += 1
+        slot.asks = asks
+        slot.running_all = running
         for name, value in slot.study.user_attrs.items():
             if name.startswith("baseline:"):
                 m = Measurement.from_dict(value)
                 self.measured[slot.gemm, slot.M].setdefault(config_key(m.config), m)
             elif name.startswith("careful:"):
                 m = Measurement.from_dict(value)
-                self.careful[slot.gemm, slot.M, config_key(m.config)] = m
+                self.careful.setdefault((slot.gemm, slot.M, config_key(m.config)), m)
+
+    def _sync_all(self, every_s: float = 1.0) -> None:
+        if self.shared and time.monotonic() - self._last_sync > every_s:
+            for slot in self.slots.values():
+                self._sync(slot)
+            self._last_sync = time.monotonic()
+
+    def _seed(self, slot: Slot, salt: str = "") -> int:
+        return zlib.crc32(f"{self.settings.seed}/{slot.gemm}/{slot.M}/{slot.asks}/{salt}".encode()) % 2**31
+
+    def _sampler(self, slot: Slot):
+        """A fresh TPE sampler seeded by the study's state: what it proposes depends on the
+        trials in the storage only, not on how long this process has been running."""
+        return optuna.samplers.TPESampler(seed=self._seed(slot), multivariate=True, constant_liar=True,
+                                          n_startup_trials=self.settings.startup)
 
     def store_careful(self, gemm: str, m: Measurement) -> None:
         self.measured_now += 1
@@ -181,13 +277,41 @@ class ProblemTuner:
 
     # -- search -------------------------------------------------------------------------------------
     def search(self) -> None:
+        with self._heartbeats():
+            self._search()
+
+    @contextlib.contextmanager
+    def _heartbeats(self):
+        """While this process measures a shared study's trials, tell the storage it is alive."""
+        if not self.shared:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(self.storage.heartbeat_interval / 2):
+                for trial_id in list(self._running):
+                    try:
+                        self.storage.record_heartbeat(trial_id)
+                    except Exception:
+                        pass
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _search(self) -> None:
         s = self.settings
         self._seed_studies()
         order = [self.slots[g, M] for M in self.Ms for g in self.family.gemms]
         while True:
+            self._sync_all()
             if self._out_of_budget():
                 break
-            live = [sl for sl in order if sl.asked + self._inflight(sl) < s.trials and not sl.exhausted]
+            live = [sl for sl in order if self._open(sl)]
             if not live and not self.pool.busy():
                 break
             while live and self.pool.idle():
@@ -205,14 +329,51 @@ class ProblemTuner:
                 for M in Ms:
                     self.pending.add((slot.gemm, M, config_key(config)))
                 slot.inflight += 1
+                self._running[trial._trial_id] = slot.study
+                if self.shared:
+                    # The first heartbeat now: a trial never heartbeated is never declared stale.
+                    self.storage.record_heartbeat(trial._trial_id)
                 self.pool.submit(self._task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
-                live = [sl for sl in order if sl.asked + self._inflight(sl) < s.trials and not sl.exhausted]
+                live = [sl for sl in order if self._open(sl)]
             for task, ms in self.pool.poll(timeout=0.2):
                 self._told(task, ms)
         # Let in-flight tasks land so nothing measured is lost.
         while self.pool.busy():
             for task, ms in self.pool.poll(timeout=0.2):
                 self._told(task, ms)
+        if self.shared:
+            self._close_queues()
+
+    def _close_queues(self) -> None:
+        """Shared studies: trials queued for the next ask (coupling, polish, a dead worker's
+        retry) that nobody needs once the budget is met end as FAIL with that reason."""
+        for slot in self.slots.values():
+            self._sync(slot)
+            if self._open(slot):
+                continue
+            for t in slot.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+                trial_id = self.storage.get_trial_id_from_study_id_trial_number(slot.study._study_id, t.number)
+                # Claim it first (WAITING -> RUNNING is atomic; False if another worker took it).
+                if self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.RUNNING):
+                    fail_reason(slot.study, t.number, "queued but not needed: the study's budget was met")
+                    self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+
+    def _open(self, slot: Slot) -> bool:
+        """Does this study still need asks? Shared: other processes' running trials count too."""
+        if slot.exhausted:
+            return False
+        busy = max(slot.running_all, self._inflight(slot)) if self.shared else self._inflight(slot)
+        return slot.asked + busy < self.settings.trials
+
+    def _over_budget(self, slot: Slot, trial) -> bool:
+        """Shared studies: did other workers fill the budget with lower-numbered trials while we
+        asked? Then this trial is failed with that reason instead of measured (exact budgets)."""
+        if not self.shared:
+            return False
+        earlier = [t for t in slot.study.get_trials(deepcopy=False) if t.number < trial.number
+                   and "shared_from" not in t.user_attrs
+                   and (t.state == optuna.trial.TrialState.RUNNING or t.user_attrs.get("asked"))]
+        return len(earlier) >= self.settings.trials
 
     def _out_of_budget(self) -> bool:
         s = self.settings
@@ -232,7 +393,7 @@ class ProblemTuner:
     def _seed_studies(self) -> None:
         """Enqueue the baselines that lie in the space (SGLang's shipped tiles usually do)."""
         for (gemm, M), slot in self.slots.items():
-            if slot.asked:
+            if slot.asks:
                 continue
             space = self.spaces[gemm]
             for name, per_gemm in self.baselines.get(M, {}).items():
@@ -243,20 +404,29 @@ class ProblemTuner:
     def _ask(self, slot: Slot):
         """A config to measure at slot.M, or None when the study's space is used up."""
         space, dists, study = self.spaces[slot.gemm], self.dists[slot.gemm], slot.study
+        if self.shared:
+            optuna.storages.fail_stale_trials(study)   # re-queues a dead process's trial once
+            self._sync(slot)
+        study.sampler = self._sampler(slot)
+        # Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume,
+        # a dead process's re-queued trial): the queue is popped first and the path must not fork.
+        queued = bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
         partner = [g for g in self.family.gemms if g != slot.gemm]
-        if partner and slot.asked >= self.settings.startup and slot.asks_total % 3 == 2:
+        if not queued and partner and slot.asked >= self.settings.startup and slot.asks % 3 == 2:
             pb = self.best(partner[0], slot.M)
             if pb is not None and pb.config.get("BLOCK_SIZE_M") in space.params["BLOCK_SIZE_M"]:
                 study.enqueue_trial({"BLOCK_SIZE_M": space.params["BLOCK_SIZE_M"].index(pb.config["BLOCK_SIZE_M"])})
-        if slot.asked >= self.settings.trials * (1 - self.settings.polish) and self.ok_measurements(slot.gemm, slot.M):
+        if (not queued and slot.asked >= self.settings.trials * (1 - self.settings.polish)
+                and self.ok_measurements(slot.gemm, slot.M)):
             # Polish: the optima are narrow (on the H200 at M=1 three of 2570 gate_up configs lie
             # within 2% of the best), so finish with coordinate moves around the top configs.
             fresh = self._fresh_config(slot)
             if fresh is not None:
                 study.enqueue_trial(space.indices_of(fresh))
         dups = 0
-        while slot.asks_total < 50 * self.settings.trials + 200:
-            slot.asks_total += 1
+        while slot.asks_here < 50 * self.settings.trials + 200:
+            slot.asks_here += 1
+            slot.asks += 1
             trial = study.ask(dists)
             config = space.config_at(trial.params)
             reason = self.family.check(config, self.problem, slot.gemm, self.device)
@@ -265,6 +435,11 @@ class ProblemTuner:
                 trial.set_user_attr(ATTR, m.to_dict())
                 study.tell(trial, math.inf)
                 continue
+            if self._over_budget(slot, trial):
+                fail_reason(study, trial.number, "budget already met by other workers")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                slot.exhausted = True
+                return None
             ck = config_key(config)
             known = self.measured[slot.gemm, slot.M].get(ck)
             if known is not None or (slot.gemm, slot.M, ck) in self.pending:
@@ -301,37 +476,54 @@ class ProblemTuner:
                         c = space.config_at({**idx, name: j})
                         if valid(c):
                             near.append(c)
+        rng = random.Random(self._seed(slot, "fresh"))
         if near:
-            return self.rng.choice(near)
+            return rng.choice(near)
         rest = [c for c in space.configs() if valid(c)]
-        return self.rng.choice(rest) if rest else None
+        return rng.choice(rest) if rest else None
 
     def _told(self, task: Task, ms: list[Measurement]) -> None:
         kind, slot, trial = task.tag
         slot.inflight -= 1
-        for m in ms:
+        self._running.pop(trial._trial_id, None)
+        # Neighbours first, the asked trial last: a process killed in between re-asks the same
+        # config on resume and finds the neighbour measurements already there.
+        for m in sorted(ms, key=lambda m: m.M == slot.M):
             self.pending.discard((task.gemm, m.M, config_key(task.config)))
             self.measured_now += 1
             value = m.time_us if m.ok else math.inf
             if not m.ok:
                 self.failed += 1
             self.measured[task.gemm, m.M][config_key(m.config)] = m
+            self.stored_trials += 1
             if m.M == slot.M:
                 trial.set_user_attr(ATTR, m.to_dict())
                 trial.set_user_attr("asked", True)
-                slot.study.tell(trial, value)
-                slot.asked += 1
+                try:
+                    slot.study.tell(trial, value)
+                    slot.asked += 1
+                    slot.indexed.add(trial.number)
+                except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+                    # Another process declared this trial dead (missed heartbeats) and re-queued
+                    # it; the measurement is kept as its own trial, the re-queued copy will find it.
+                    self._add(slot, m, {"late_for": trial.number})
             else:
-                target = self.slots[task.gemm, m.M]
-                idx = self.spaces[task.gemm].indices_of(m.config)
-                target.study.add_trial(optuna.trial.create_trial(
-                    params=idx, distributions=self.dists[task.gemm], value=value,
-                    user_attrs={ATTR: m.to_dict(), "shared_from": slot.M}))
+                self._add(self.slots[task.gemm, m.M], m, {"shared_from": slot.M})
         if self.progress is not None:
             self.progress.update(1)
             b = self.best(slot.gemm, slot.M)
             text = f"{slot.gemm} M={slot.M}" + (f" best {b.time_us:.1f} us" if b else "")
             self.progress.set_postfix_str(text + (f", failed {self.failed}" if self.failed else ""), refresh=False)
+
+    def _add(self, slot: Slot, m: Measurement, attrs: dict) -> None:
+        idx = self.spaces[slot.gemm].indices_of(m.config)
+        slot.study.add_trial(optuna.trial.create_trial(
+            params=idx, distributions=self.dists[slot.gemm], value=m.time_us if m.ok else math.inf,
+            user_attrs={ATTR: m.to_dict(), "shared_from": attrs.get("shared_from", slot.M), **attrs}))
+
+    def complete(self) -> bool:
+        """Every study reached its trial budget (or ran out of configs)."""
+        return all(s.asked >= self.settings.trials or s.exhausted for s in self.slots.values())
 
     # -- numbers for reports --------------------------------------------------------------------------
     def evaluations(self) -> int:

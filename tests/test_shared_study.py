@@ -1,0 +1,186 @@
+"""Reliability of shared and resumed studies (replay device, real PostgreSQL, real SQLite).
+
+PostgreSQL comes from Debian's package, started by .ci/run (scripts/start-postgres.sh), which
+exports AUTOTUNE_TEST_POSTGRES; without it these tests skip, unless AUTOTUNE_REQUIRE_POSTGRES=1
+(CI) makes that a failure.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import optuna
+import pytest
+
+from tests.conftest import GRID, ROOT
+
+PG = os.environ.get("AUTOTUNE_TEST_POSTGRES")
+if not PG and os.environ.get("AUTOTUNE_REQUIRE_POSTGRES") == "1":
+    raise RuntimeError("AUTOTUNE_REQUIRE_POSTGRES=1 but AUTOTUNE_TEST_POSTGRES is not set")
+needs_pg = pytest.mark.skipif(not PG, reason="no PostgreSQL (run scripts/start-postgres.sh)")
+
+PROBLEM = ["--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16"]
+RUN = ["run", *PROBLEM, "--kernels", "triton_moe"]
+
+
+def autotune(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "autotune.cli", *args], cwd=kw.get("cwd", ROOT), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def worker(study, trials, realtime, *extra):
+    return autotune("worker", *PROBLEM, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime",
+                    str(realtime), "--storage", PG, "--study", study, "--trials", str(trials), "--heartbeat", "1",
+                    "--quiet", *extra)
+
+
+def studies(study):
+    storage = optuna.storages.RDBStorage(PG)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)
+             if s.study_name.startswith(f"triton_moe|{study}~replay|")]
+    return {n: optuna.load_study(study_name=n, storage=storage) for n in names}
+
+
+def measurements_in(url):
+    """Device measurements stored in a storage: trial measurements and baselines, once each."""
+    storage = optuna.storages.RDBStorage(url)
+    n = 0
+    for summary in optuna.get_all_study_summaries(storage):
+        if not summary.study_name.startswith("triton_moe|"):
+            continue
+        s = optuna.load_study(study_name=summary.study_name, storage=storage)
+        n += sum(1 for t in s.trials if t.user_attrs.get("measurement", {}).get("status", "invalid") != "invalid")
+        n += sum(1 for k in s.user_attrs if k.startswith("baseline:"))
+    return n
+
+
+def reason(study, t):
+    return study.user_attrs.get(f"fail_reason:{t.number}", "")
+
+
+def finish(procs, timeout=300):
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+    return outs
+
+
+def asked_trials(study):
+    return {n: [t for t in s.trials if t.user_attrs.get("asked")] for n, s in studies(study).items()}
+
+
+@needs_pg
+def test_four_workers_share_200_trials_exactly_and_lose_nothing():
+    study = f"t4-{uuid.uuid4().hex[:8]}"
+    procs = [worker(study, 50, 2.0) for _ in range(4)]
+    outs = finish(procs)
+    assert all(p.returncode == 0 for p in procs), outs
+    ss = studies(study)
+    assert len(ss) == 4                                            # 2 GEMMs x 2 M
+    total_with_measurement = 0
+    for name, s in ss.items():
+        numbers = [t.number for t in s.trials]
+        assert len(numbers) == len(set(numbers))                   # no trial number twice
+        for t in s.trials:
+            assert t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL), (name, t)
+            if t.state == optuna.trial.TrialState.FAIL:
+                assert reason(s, t), t
+        asked = [t for t in s.trials if t.user_attrs.get("asked")]
+        assert len(asked) == 50, name                              # exactly the budget
+        total_with_measurement += sum(1 for t in s.trials if "measurement" in t.user_attrs
+                                      and t.user_attrs["measurement"]["status"] != "invalid")
+    # every device measurement a worker reports storing is in the storage, once
+    stored = sum(int(re.search(r"stored (\d+) trial measurements", o).group(1)) for o in outs)
+    assert stored == total_with_measurement
+
+
+@needs_pg
+def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
+    study = f"kill-{uuid.uuid4().hex[:8]}"
+    victim = worker(study, 30, 8.0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:             # kill it inside a trial (each ~0.5 s here)
+        if any(t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs
+               for s in studies(study).values() for t in s.trials):
+            break
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert time.monotonic() < deadline, "the worker never started a trial"
+    others = [worker(study, 30, 2.0) for _ in range(2)]
+    outs = finish(others)
+    assert all(p.returncode == 0 for p in others), outs
+    ss = studies(study)
+    retried = [(s, t) for s in ss.values() for t in s.trials if "failed_trial" in t.system_attrs]
+    dead = [t for s in ss.values() for t in s.trials if t.state == optuna.trial.TrialState.FAIL
+            and "heartbeating" in reason(s, t)]
+    assert dead and len(retried) == len(dead)      # each dead trial re-queued once
+    for s, t in retried:                           # and measured, unless the budget was met first
+        assert t.state == optuna.trial.TrialState.COMPLETE or "budget was met" in reason(s, t)
+    for name, s in ss.items():                     # as many completed asks as an undisturbed run
+        assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 30, name
+
+
+def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path):
+    common = [*RUN, "--batch-sizes", "1,8,64", "--replay", str(GRID), "--trials", "10", "--quiet"]
+    a = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "a"))
+    b = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'b.db'}", "--out", str(tmp_path / "b"),
+                 "--replay-realtime", "2")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (not (tmp_path / "b.db").exists()
+                                            or measurements_in(f"sqlite:///{tmp_path / 'b.db'}") < 40):
+        time.sleep(0.5)
+    b.send_signal(signal.SIGKILL)                  # mid-search: past the baselines, short of the budget
+    b.wait()
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("*.json"))
+    before = measurements_in(f"sqlite:///{tmp_path / 'b.db'}")
+    b2 = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'b.db'}", "--out", str(tmp_path / "b"))
+    outs = finish([a, b2])
+    assert a.returncode == b2.returncode == 0, outs
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("E=*.json"))
+    assert len(files) == 2
+    for f in files:
+        assert json.loads((tmp_path / "a" / f).read_text()) == json.loads((tmp_path / "b" / f).read_text())
+    run_a, run_b = (next(iter(json.loads((tmp_path / x / "NVIDIA_H200/provenance.json").read_text())
+                               ["files"].values()))["run"] for x in ("a", "b"))
+    assert run_a["evaluations"] == run_b["evaluations"]          # the same measurements in the end
+    careful = run_a["measured_this_run"] - run_a["evaluations"]  # selection's re-measurements
+    # the resumed run measured exactly what the killed one had not: nothing twice
+    assert 0 < before < run_b["evaluations"]
+    assert run_b["measured_this_run"] == run_b["evaluations"] - before + careful
+
+
+def test_storage_unreachable_at_start_is_one_line_exit_2(tmp_path):
+    p = autotune(*RUN, "--batch-sizes", "8", "--replay", str(GRID), "--out", str(tmp_path),
+                 "--storage", "postgresql://postgres@127.0.0.1:1/nowhere")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2 and "unreachable" in out
+
+
+def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path):
+    db = tmp_path / "s.db"
+    p = autotune(*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime", "2",
+                 "--trials", "30", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out"), "--quiet")
+    time.sleep(14)
+    keep = db.read_bytes()
+    with open(db, "r+b") as f:                     # the database file turns to garbage under the run
+        f.write(b"\0" * 4096)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 3 and "storage lost mid-run" in out
+    assert not any((tmp_path / "out").rglob("E=*.json"))
+    db.write_bytes(keep)                           # the study as it was: partial
+    args = [*PROBLEM, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "30",
+            "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
+    e = autotune("export", *args)
+    out, _ = e.communicate(timeout=120)
+    assert e.returncode == 2 and "partial" in out
+    e = autotune("export", *args, "--partial")
+    out, _ = e.communicate(timeout=120)
+    assert e.returncode == 0, out
+    assert len(list((tmp_path / "out").rglob("E=*.json"))) == 2
