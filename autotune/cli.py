@@ -417,6 +417,27 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_publish(args) -> int:
+    from .publish import PublishError, publish
+
+    src = Path(args.src) if args.src else None
+    if src is None:
+        found = [d for d in Path("tuned_configs").glob("*") if (d / "provenance.json").exists()]
+        if len(found) != 1:
+            raise UsageError("say which tuned folder to publish with --from (found "
+                             f"{', '.join(str(d) for d in found) or 'none'} under tuned_configs/)")
+        src = found[0]
+    try:
+        out = publish(src, args.to, args.branch or f"tuned/{src.name}", args.path)
+    except PublishError as e:
+        raise UsageError(str(e))
+    print(f"published {src} to {args.to} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
+    for name, kept in out.kept.items():
+        for M, why in kept.items():
+            print(f"  {name} M={M}: {why}")
+    return 0
+
+
 # --- record: measure a whole grid into a cache ---------------------------------------------------
 
 def cmd_record(args) -> int:
@@ -547,6 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
+    p.add_argument("--to", required=True, help="serving repo: a local working tree, or a git URL to clone and push")
+    p.add_argument("--from", dest="src", help="tuned folder (default: the one under tuned_configs/)")
+    p.add_argument("--branch", help="new branch (default tuned/<device>)")
+    p.add_argument("--path", help="folder inside the serving repo (default tuned_configs/<device>)")
+    p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
     _add_selection(p)

@@ -1,0 +1,69 @@
+"""The Dockerfile and compose file, checked statically (there is no Docker engine in CI)."""
+import importlib
+import re
+
+import yaml
+
+from tests.conftest import ROOT
+
+INSTRUCTIONS = {"FROM", "ARG", "RUN", "ENV", "WORKDIR", "COPY", "USER", "VOLUME", "ENTRYPOINT", "CMD", "LABEL", "EXPOSE"}
+
+
+def dockerfile():
+    text = (ROOT / "Dockerfile").read_text()
+    logical, cur = [], ""
+    for line in text.splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        cur += line.rstrip().rstrip("\\").rstrip() + " "
+        if not line.rstrip().endswith("\\"):
+            logical.append(cur.strip())
+            cur = ""
+    assert not cur, "dangling line continuation"
+    return logical
+
+
+def pins(path):
+    return dict(re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s#]+)", (ROOT / path).read_text(), re.M))
+
+
+def test_every_instruction_is_known_and_the_image_runs_autotune_as_non_root():
+    lines = dockerfile()
+    assert all(ln.split()[0] in INSTRUCTIONS for ln in lines), [ln for ln in lines if ln.split()[0] not in INSTRUCTIONS]
+    assert lines[0].startswith("ARG") and any(ln.startswith("FROM ${CUDA_IMAGE}") for ln in lines)
+    assert 'ENTRYPOINT ["autotune"]' in lines
+    users = [ln.split()[1] for ln in lines if ln.startswith("USER")]
+    assert users and users[-1] not in ("root", "0")
+    assert any(ln.startswith("VOLUME") and "/cache" in ln for ln in lines)
+
+
+def test_image_pins_the_versions_the_project_pins():
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", (ROOT / "Dockerfile").read_text(), re.M))
+    cpu, sg = pins("requirements/cpu.txt"), pins("requirements/sglang.txt")
+    assert args["SGLANG_VERSION"] == sg["sglang"]
+    assert args["FLASHINFER_VERSION"] == cpu["flashinfer-python"]
+    assert args["OPTUNA_VERSION"] == cpu["optuna"]
+    assert args["PSYCOPG_VERSION"] == cpu["psycopg[binary]"]
+    assert args["TORCH_VERSION"] == cpu["torch"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'sglang=={sg["sglang"]}' in pyproject
+
+
+def test_entrypoint_exists_in_the_package():
+    target = re.search(r'^autotune = "([\w.]+):(\w+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    fn = getattr(importlib.import_module(target.group(1)), target.group(2))
+    assert callable(fn) and fn(["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8"]) == 0
+
+
+def test_compose_runs_one_worker_per_gpu_on_one_postgres_study():
+    doc = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
+    services = doc["services"]
+    workers = {k: v for k, v in services.items() if k.startswith("worker")}
+    assert len(workers) >= 2
+    gpus = [w["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for w in workers.values()]
+    assert len(set(gpus)) == len(gpus)
+    for w in workers.values():
+        cmd = w["command"]
+        assert cmd[0] == "worker" and "postgres:5432" in cmd[cmd.index("--storage") + 1]
+        assert cmd[cmd.index("--study") + 1] == services["export"]["command"][services["export"]["command"].index("--study") + 1]
+    assert "postgres" in services

@@ -1,0 +1,101 @@
+"""`autotune publish` against real git repositories: the happy path and the three refusals."""
+import json
+import subprocess
+
+import pytest
+
+from autotune.cli import main
+from autotune.device import DeviceInfo
+from autotune.export.sglang import export_problem
+from autotune.models import Problem
+from autotune.select import Choice
+
+DEV = DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376,
+                 versions={"triton": "3.6.0", "sglang": "0.5.23", "torch": "2.11.0"})
+P = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 64))
+A = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+B = {**A, "BLOCK_SIZE_N": 128}
+UP = "E=512,N=128,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json"
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def tuned(tmp_path, name, times, cfg=A, gate=True):
+    out = tmp_path / name
+    choices = {M: Choice(M, cfg, cfg, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
+    export_problem(out, DEV, P, choices, {})
+    if gate is not None:
+        (out / DEV.file_name / "validation.json").write_text(json.dumps(
+            {"gate": {"passed": gate, "summary": "decode tok/s +6% at bs 1..64", "reason": "bs 64: 900 < 950 tok/s"}}))
+    return out / DEV.file_name
+
+
+@pytest.fixture
+def serving(tmp_path):
+    repo = tmp_path / "serving"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "README").write_text("deploy repo\n")
+    git(repo, "add", "README")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    return repo
+
+
+def test_happy_path_one_commit_on_a_new_branch(tmp_path, serving, capsys):
+    src = tuned(tmp_path, "a", {1: 10.0, 64: 100.0})
+    assert main(["publish", "--to", str(serving), "--from", str(src)]) == 0
+    branch = f"tuned/{DEV.file_name}"
+    assert git(serving, "rev-parse", "--abbrev-ref", "HEAD") == branch
+    assert git(serving, "rev-list", "--count", f"main..{branch}") == "1"
+    msg = git(serving, "log", "-1", "--format=%B")
+    assert "RTX PRO 6000" in msg and "triton 3.6.0" in msg and "decode tok/s +6%" in msg and "2.000x" in msg
+    got = json.loads((serving / f"tuned_configs/{DEV.file_name}/configs/triton_3_6_0/{UP}").read_text())
+    assert got == {"1": A, "64": A}
+    assert git(serving, "status", "--porcelain") == ""
+
+
+def test_refuses_without_or_with_failed_validation(tmp_path, serving, capsys):
+    assert main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "a", {1: 10.0}, gate=None))]) == 2
+    assert "validation.json is missing" in capsys.readouterr().err
+    assert main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "b", {1: 10.0}, gate=False))]) == 2
+    err = capsys.readouterr().err
+    assert "validation failed" in err and "900 < 950" in err
+    assert git(serving, "rev-parse", "--abbrev-ref", "HEAD") == "main"   # nothing touched
+
+
+def test_refuses_a_dirty_serving_tree(tmp_path, serving, capsys):
+    (serving / "README").write_text("local edit\n")
+    assert main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "a", {1: 10.0}))]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err
+
+
+def test_keeps_the_serving_repos_faster_entries_per_M_and_refuses_when_all_are_faster(tmp_path, serving, capsys):
+    first = tuned(tmp_path, "first", {1: 10.0, 64: 100.0}, cfg=A)
+    assert main(["publish", "--to", str(serving), "--from", str(first), "--branch", "t1"]) == 0
+    git(serving, "checkout", "-q", "main")
+    git(serving, "merge", "-q", "t1")
+    # ours: faster at M=64, slower at M=1 -> M=1 stays the serving repo's, and the message says so
+    second = tuned(tmp_path, "second", {1: 12.0, 64: 80.0}, cfg=B)
+    assert main(["publish", "--to", str(serving), "--from", str(second), "--branch", "t2"]) == 0
+    out = capsys.readouterr().out
+    assert "M=1: serving repo's 10.00 us beats ours 12.00 us" in out
+    got = json.loads((serving / f"tuned_configs/{DEV.file_name}/configs/triton_3_6_0/{UP}").read_text())
+    assert got == {"1": A, "64": B}
+    assert "kept from the serving repo" in git(serving, "log", "-1", "--format=%B")
+    git(serving, "checkout", "-q", "main")
+    git(serving, "merge", "-q", "t2")
+    # slower everywhere: nothing to publish
+    third = tuned(tmp_path, "third", {1: 20.0, 64: 200.0}, cfg=A)
+    assert main(["publish", "--to", str(serving), "--from", str(third), "--branch", "t3"]) == 2
+    assert "nothing to publish" in capsys.readouterr().err
+    assert git(serving, "branch", "--list", "t3") == ""
+
+
+def test_publishes_to_a_git_url_by_clone_and_push(tmp_path, serving):
+    bare = tmp_path / "remote.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(serving), str(bare)], check=True)
+    src = tuned(tmp_path, "a", {1: 10.0})
+    assert main(["publish", "--to", f"file://{bare}", "--from", str(src)]) == 0
+    assert git(bare, "branch", "--list", f"tuned/{DEV.file_name}").strip("* ") == f"tuned/{DEV.file_name}"
