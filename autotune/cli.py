@@ -589,6 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("caches", nargs="+")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(fn=cmd_merge)
+
+    from .validate.command import add_parser as add_validate_parser
+    add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned
     return ap
 
 

@@ -21,6 +21,17 @@ class ModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class LinearAttention:
+    """Gated DeltaNet sizes (HF config keys linear_num_key_heads, linear_num_value_heads,
+    linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim)."""
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
 class MoeModel:
     name: str
     hidden_size: int
@@ -36,16 +47,22 @@ class MoeModel:
     num_key_value_heads: int = 0
     head_dim: int = 0
     full_attention_interval: int = 4
+    linear: LinearAttention | None = None   # the linear-attention layers (None: every layer full attention)
+    attn_output_gate: bool = False          # q_proj also emits an output gate (Qwen3.5, Qwen3-Next)
 
 
 # Values from the HF configs (text_config) of the released checkpoints.
 PRESETS: dict[str, MoeModel] = {
     m.name: m
     for m in (
-        MoeModel("qwen3.5-397b-a17b", 4096, 60, 512, 10, 1024, 1024, 1, "qwen3.5", 32, 2, 256),
-        MoeModel("qwen3.5-122b-a10b", 3072, 48, 256, 8, 1024, 1024, 1, "qwen3.5", 32, 2, 256),
-        MoeModel("qwen3.5-35b-a3b", 2048, 40, 256, 8, 512, 512, 1, "qwen3.5", 16, 2, 256),
-        MoeModel("qwen3-next-80b-a3b", 2048, 48, 512, 10, 512, 512, 1, "qwen3-next", 16, 2, 256),
+        MoeModel("qwen3.5-397b-a17b", 4096, 60, 512, 10, 1024, 1024, 1, "qwen3.5", 32, 2, 256, 4,
+                 LinearAttention(16, 64, 128, 128), True),
+        MoeModel("qwen3.5-122b-a10b", 3072, 48, 256, 8, 1024, 1024, 1, "qwen3.5", 32, 2, 256, 4,
+                 LinearAttention(16, 64, 128, 128), True),
+        MoeModel("qwen3.5-35b-a3b", 2048, 40, 256, 8, 512, 512, 1, "qwen3.5", 16, 2, 256, 4,
+                 LinearAttention(16, 32, 128, 128), True),
+        MoeModel("qwen3-next-80b-a3b", 2048, 48, 512, 10, 512, 512, 1, "qwen3-next", 16, 2, 256, 4,
+                 LinearAttention(16, 32, 128, 128), True),
     )
 }
 FAMILIES = sorted({m.family for m in PRESETS.values()})
@@ -152,12 +169,19 @@ def model_from_hf_config(path: str | Path) -> MoeModel:
         raise ModelError(f"{p} has no MoE fields ({', '.join(missing)} missing): not a MoE model config")
     name = (raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
     heads = int(cfg.get("num_attention_heads") or 0)
+    lin_keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    linear = (LinearAttention(*(int(cfg[k]) for k in lin_keys), int(cfg.get("linear_conv_kernel_dim") or 4))
+              if all(isinstance(cfg.get(k), int) and cfg[k] > 0 for k in lin_keys) else None)
+    gate = cfg.get("attn_output_gate")
+    if gate is None:
+        gate = str(cfg.get("model_type", "")).startswith(("qwen3_5", "qwen3_next"))
     return MoeModel(name=name, num_layers=int(_first(cfg, _KEYS["num_layers"]) or 0),
                     shared_expert_intermediate_size=int(_first(cfg, _KEYS["shared"]) or 0),
                     mtp_layers=int(_first(cfg, _KEYS["mtp"]) or 0), family="custom",
                     num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                     head_dim=int(cfg.get("head_dim") or (fields["hidden_size"] // heads if heads else 0)),
-                    full_attention_interval=int(cfg.get("full_attention_interval") or 1), **fields)
+                    full_attention_interval=int(cfg.get("full_attention_interval") or (4 if linear else 1)),
+                    linear=linear, attn_output_gate=bool(gate), **fields)
 
 
 def select_models(shapes: str | None = None, model: str | None = None,
@@ -259,32 +283,73 @@ class GemmProblem:
                    tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), tuple(tuple(s) for s in d.get("sources", ())))
 
 
-def dense_gemms(m: MoeModel, tp: int, dtype: str, batch_sizes=DEFAULT_BATCH_SIZES) -> list[GemmProblem]:
-    """The quantizable dense GEMMs of one layer stack per TP rank: full-attention QKV and output
-    projections, shared expert gate_up and down. Column-parallel layers split N, row-parallel K;
-    KV heads are replicated when TP exceeds them, as SGLang does. Qwen3.5 / Qwen3-Next queries
-    carry an output gate (q_proj emits 2x heads x head_dim). The linear-attention (Gated
-    DeltaNet) projections are not listed: their head counts are not in the presets."""
-    if dtype not in GEMM_DTYPES:
-        raise ModelError(f"unknown GEMM dtype {dtype!r}; known: {', '.join(GEMM_DTYPES)}")
-    src = ((m.name, tp, 1, "main"),)
+@dataclass(frozen=True)
+class LayerGemm:
+    name: str
+    N: int            # output features per TP rank
+    K: int            # input features per TP rank
+    kind: str         # "full" / "linear" (token mixer of that layer kind) or "moe" (every layer)
+
+
+def layer_gemms(m: MoeModel, tp: int) -> list[LayerGemm]:
+    """Every dense GEMM of one layer per TP rank, as SGLang splits them: column-parallel layers
+    split N, row-parallel layers split K, KV heads are replicated when TP exceeds them.
+    Full attention: QKV (queries also carry an output gate where the model has one) and output
+    projections. Linear attention (Gated DeltaNet): in_proj_qkvz, in_proj_ba, out_proj. MoE block:
+    router and shared-expert gate (replicated), shared expert gate_up and down."""
+    def need(total: int, what: str) -> int:
+        if total % tp:
+            raise ModelError(f"--tp {tp} does not divide {m.name}'s {what} ({total})")
+        return total // tp
     out = []
     if m.num_attention_heads and m.head_dim:
-        if m.num_attention_heads % tp:
-            raise ModelError(f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} attention heads")
-        q = m.num_attention_heads // tp
-        kv = max(1, m.num_key_value_heads // tp)
-        gate = 2 if m.family in ("qwen3.5", "qwen3-next") else 1
-        full = max(1, m.num_layers // max(1, m.full_attention_interval))
-        out.append(GemmProblem("attn_qkv", (gate * q + 2 * kv) * m.head_dim, m.hidden_size, dtype, full, tuple(batch_sizes), src))
-        out.append(GemmProblem("attn_o", m.hidden_size, q * m.head_dim, dtype, full, tuple(batch_sizes), src))
+        q = need(m.num_attention_heads, "attention heads")
+        kv = max(1, (m.num_key_value_heads or m.num_attention_heads) // tp)
+        gate = 2 if m.attn_output_gate else 1
+        out += [LayerGemm("attn_qkv", (gate * q + 2 * kv) * m.head_dim, m.hidden_size, "full"),
+                LayerGemm("attn_o", m.hidden_size, q * m.head_dim, "full")]
+    if m.linear is not None:
+        la = m.linear
+        key_dim, value_dim = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
+        need(la.num_key_heads, "linear-attention key heads")
+        nv = need(la.num_value_heads, "linear-attention value heads")
+        out += [LayerGemm("linear_in_proj_qkvz", (2 * key_dim + 2 * value_dim) // tp, m.hidden_size, "linear"),
+                LayerGemm("linear_in_proj_ba", 2 * nv, m.hidden_size, "linear"),
+                LayerGemm("linear_out_proj", m.hidden_size, value_dim // tp, "linear")]
+    out.append(LayerGemm("router", m.num_experts, m.hidden_size, "moe"))
     if m.shared_expert_intermediate_size:
-        if m.shared_expert_intermediate_size % tp:
-            raise ModelError(f"--tp {tp} does not divide {m.name}'s shared expert size {m.shared_expert_intermediate_size}")
-        s = m.shared_expert_intermediate_size // tp
-        out.append(GemmProblem("shared_gate_up", 2 * s, m.hidden_size, dtype, m.num_layers, tuple(batch_sizes), src))
-        out.append(GemmProblem("shared_down", m.hidden_size, s, dtype, m.num_layers, tuple(batch_sizes), src))
+        s = need(m.shared_expert_intermediate_size, "shared expert size")
+        out += [LayerGemm("shared_gate_up", 2 * s, m.hidden_size, "moe"),
+                LayerGemm("shared_down", m.hidden_size, s, "moe"),
+                LayerGemm("shared_gate", 1, m.hidden_size, "moe")]
     return out
+
+
+def layer_counts(m: MoeModel) -> dict[str, int]:
+    """How many layers of each kind: 1 full-attention layer in `full_attention_interval`."""
+    if m.linear is None or m.full_attention_interval <= 1:
+        return {"full": m.num_layers, "linear": 0, "moe": m.num_layers}
+    full = m.num_layers // m.full_attention_interval
+    return {"full": full, "linear": m.num_layers - full, "moe": m.num_layers}
+
+
+# Stay BF16 in quantized checkpoints (tiny, or numerically sensitive): not GEMM-backend problems.
+_UNQUANTIZED = ("router", "shared_gate", "linear_in_proj_ba")
+
+
+def dense_gemms(m: MoeModel, tp: int, dtype: str, batch_sizes=DEFAULT_BATCH_SIZES) -> list[GemmProblem]:
+    """The quantizable dense GEMMs of the model per TP rank, each with how many layers run it."""
+    if dtype not in GEMM_DTYPES:
+        raise ModelError(f"unknown GEMM dtype {dtype!r}; known: {', '.join(GEMM_DTYPES)}")
+    counts = layer_counts(m)
+    by_shape: dict = {}   # one problem per shape: GEMMs of equal shape are the same measurement
+    for g in layer_gemms(m, tp):
+        if g.name in _UNQUANTIZED or not counts[g.kind]:
+            continue
+        name, layers = by_shape.get((g.N, g.K), ("", 0))
+        by_shape[g.N, g.K] = (f"{name}+{g.name}" if name else g.name, layers + counts[g.kind])
+    return [GemmProblem(name, N, K, dtype, layers, tuple(batch_sizes), ((m.name, tp, 1, "main"),))
+            for (N, K), (name, layers) in by_shape.items()]
 
 
 def problem_from_dict(d: dict):

@@ -51,10 +51,14 @@ def validation_verdict(src: Path) -> str:
     if data is None:
         raise PublishError(f"{src / VALIDATION} is missing: run `autotune validate --gate` first")
     gate = data.get("gate") or {}
+    lines = gate.get("lines") or []
     if gate.get("passed") is not True:
-        why = gate.get("reason") or gate.get("failures") or "the gate did not pass"
+        why = "; ".join(lines) if lines else "the gate did not run or did not pass"
         raise PublishError(f"validation failed ({why}); not publishing")
-    return gate.get("summary") or "validation passed"
+    verdict = lines[-1] if lines else "validation passed"
+    if gate.get("regressions"):
+        verdict += " (regressions allowed: " + ", ".join(map(str, gate["regressions"])) + ")"
+    return verdict
 
 
 def _same_stack(a: dict, b: dict) -> bool:

@@ -304,7 +304,6 @@ class ProblemTuner:
             thread.join()
 
     def _search(self) -> None:
-        s = self.settings
         self._seed_studies()
         order = [self.slots[g, M] for M in self.Ms for g in self.family.gemms]
         while True:

@@ -47,8 +47,16 @@ def studies(study):
 
 
 def measurements_in(url):
-    """Device measurements stored in a storage: trial measurements and baselines, once each."""
-    storage = optuna.storages.RDBStorage(url)
+    """Device measurements stored in a storage: trial measurements and baselines, once each
+    (0 while the run is still creating it: two processes must not initialise one schema)."""
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return _count(storage)
+    except Exception:
+        return 0
+
+
+def _count(storage):
     n = 0
     for summary in optuna.get_all_study_summaries(storage):
         if not summary.study_name.startswith("triton_moe|"):

@@ -1,0 +1,276 @@
+"""`autotune validate`: decode throughput, default vs tuned, through SGLang's server or the harness.
+
+Hook into the CLI with `add_parser(subparsers)` (it sets `fn=cmd_validate`). Exit codes:
+0 done (gate passed, or no --gate), 1 --gate failed (a regression beyond noise), 2 bad input or a
+failed run (one `autotune: error: ...` line on stderr; `cmd_validate` catches its own
+ValidateError / ModelError and returns 2 itself, and no server is left running), 130 on Ctrl-C
+(or SIGTERM, turned into KeyboardInterrupt while it runs) after the running server is stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from . import HarnessError, ValidateError
+
+EXIT_GATE_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_POINTS = "1,8,32,64,128,256"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "validate", help="decode throughput, default vs tuned configs (SGLang server or the built-in harness)",
+        description="Check tuned configs end to end: baseline (SGLang's defaults) vs tuned, interleaved and "
+                    "repeated; writes validation.json, validation.png and report.md.")
+    p.add_argument("--engine", choices=("sglang", "harness"), required=True,
+                   help="sglang: SGLang's server + its benchmarks (real path); harness: the built-in decode "
+                        "harness for GPUs where the server cannot run")
+    p.add_argument("--configs", help="tuned folder, tuned_configs/<device> (harness default: tuned_configs/<this GPU>)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (server --tp-size; harness per-rank shapes)")
+    p.add_argument("--repeats", type=int, help="runs per side, interleaved (default: 3 sglang, 5 harness)")
+    p.add_argument("--gate", action="store_true", help="exit 1 when tuned is slower than baseline beyond noise anywhere")
+    p.add_argument("--allow-regression", action="store_true", help="record regressions instead of failing the gate")
+    p.add_argument("--min-effect", type=float, default=0.01,
+                   help="smallest relative change ever called a gain or regression (default 0.01)")
+    p.add_argument("--out", help="folder for validation.json / .png / report.md (default: the --configs folder)")
+    g = p.add_argument_group("--engine sglang")
+    g.add_argument("--model-path", help="model folder (config.json + tokenizer; no weights = --load-format dummy)")
+    g.add_argument("--concurrencies", help=f"serving concurrencies (default {DEFAULT_POINTS})")
+    g.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    g.add_argument("--output-len", type=int, default=256, help="generated tokens per request (default 256)")
+    g.add_argument("--prompts-per-concurrency", type=int, default=4,
+                   help="requests per serving run = this x concurrency, at least 8 (default 4)")
+    g.add_argument("--warmup-requests", type=int, default=4, help="serving warm-up requests (default 4)")
+    g.add_argument("--no-one-batch", action="store_true", help="skip the single-request one_batch_server run")
+    g.add_argument("--server-args", help='extra launch_server arguments for both sides, e.g. '
+                                         '--server-args="--mem-fraction-static 0.85"')
+    g.add_argument("--port", type=int, help="server port (default: a free loopback port per start)")
+    g.add_argument("--health-timeout", type=float, default=1800.0, help="seconds to wait for a healthy server")
+    g.add_argument("--bench-timeout", type=float, default=3600.0, help="seconds one benchmark run may take")
+    g.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
+    g = p.add_argument_group("--engine harness")
+    g.add_argument("--model", help="model preset, e.g. qwen3.5-397b-a17b")
+    g.add_argument("--model-config", help="an HF config.json (or its folder) instead of a preset")
+    g.add_argument("--dtype", default="bf16", help="expert dtype: bf16, fp8_w8a8_block, fp8_w8a8 (default bf16)")
+    g.add_argument("--batch-sizes", help=f"decode batch sizes (default {DEFAULT_POINTS})")
+    g.add_argument("--layers", type=int, help="layers in the timed step (default 8, whole 3:1 groups)")
+    p.set_defaults(fn=cmd_validate)
+    return p
+
+
+def _ints(text: str | None, what: str) -> tuple[int, ...]:
+    from ..models import parse_int_list
+    return parse_int_list(text or DEFAULT_POINTS, what)
+
+
+class _SigtermAsInterrupt:
+    """SIGTERM raises KeyboardInterrupt while validating, so servers are shut down on the way out."""
+
+    def __enter__(self):
+        self.saved = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise KeyboardInterrupt
+            self.saved = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            signal.signal(signal.SIGTERM, self.saved)
+
+
+def cmd_validate(args) -> int:
+    from ..models import ModelError
+
+    try:
+        with _SigtermAsInterrupt():
+            if args.repeats is not None and args.repeats <= 0:
+                raise ValidateError("--repeats must be positive")
+            if args.engine == "sglang":
+                return _validate_sglang(args)
+            return _validate_harness(args)
+    except (ValidateError, ModelError) as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("autotune: validate interrupted; every server it started has been stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_label: str, intro: list[str],
+            provenance, extra_cols=None) -> int:
+    from .gate import gate as run_gate
+    from .report import build_record, comparison_table, write_reports
+
+    result = run_gate(comparisons, allow_regression=args.allow_regression)
+    record = build_record(gate=result, comparisons=comparisons, **record_kw)
+    paths = write_reports(out, record, comparisons, title=title, x_label=x_label, intro=intro,
+                          provenance=provenance, extra_cols=extra_cols)
+    print()
+    print(comparison_table(comparisons, extra_cols))
+    print()
+    print(result.message)
+    for p in paths.values():
+        print(f"wrote {p}")
+    if args.gate and not result.passed:
+        return EXIT_GATE_FAILED
+    return 0
+
+
+def _check_out(out: Path) -> None:
+    from ..fsutil import check_writable
+    try:
+        check_writable(out)
+    except OSError as e:
+        raise ValidateError(str(e)) from None
+
+
+# --- sglang ---------------------------------------------------------------------------------------
+
+def _validate_sglang(args) -> int:
+    from ..device import NoDeviceError, detect, utc_now
+    from .gate import comparisons_from_runs
+    from .sglang_server import (ServerValidation, check_port_free, inspect_configs, inspect_model_dir,
+                                parse_server_args, run_server_validation)
+
+    if args.batch_sizes:
+        raise ValidateError("--batch-sizes is for --engine harness; the server path takes --concurrencies")
+    if not args.model_path or not args.configs:
+        raise ValidateError("--engine sglang needs --model-path DIR and --configs tuned_configs/<device>")
+    model = inspect_model_dir(args.model_path)
+    configs = inspect_configs(args.configs)
+    concurrencies = _ints(args.concurrencies, "--concurrencies")
+    if args.port is not None:
+        check_port_free(args.port)
+    for what, v in (("--input-len", args.input_len), ("--output-len", args.output_len),
+                    ("--prompts-per-concurrency", args.prompts_per_concurrency)):
+        if v <= 0:
+            raise ValidateError(f"{what} must be positive")
+    out = Path(args.out) if args.out else configs.root
+    _check_out(out)
+    stamp = utc_now().replace(":", "").replace("+0000", "Z")
+    work = out / "validation_runs" / stamp
+    v = ServerValidation(model=model, configs=configs, work_dir=work, concurrencies=concurrencies,
+                         repeats=args.repeats or 3, tp=args.tp, input_len=args.input_len, output_len=args.output_len,
+                         prompts_per_concurrency=args.prompts_per_concurrency, warmup_requests=args.warmup_requests,
+                         one_batch=not args.no_one_batch, extra_server_args=parse_server_args(args.server_args),
+                         port=args.port, health_timeout_s=args.health_timeout, bench_timeout_s=args.bench_timeout,
+                         python=args.python)
+    how = v.check_commands()
+    print(f"validate (SGLang server): {model.path} ({'dummy weights' if model.load_format else 'its weights'}), "
+          f"tp {args.tp}; tuned folder {configs.root}: {configs.describe()}")
+    for module, h in how.items():
+        print(f"  command lines checked with SGLang's parser of {module}: {h}")
+    print(f"  {v.repeats} repeats x (baseline, tuned) server starts, ABBA; concurrencies "
+          f"{','.join(map(str, concurrencies))}; input {v.input_len}, output {v.output_len} tokens; raw results in {work}")
+    res = run_server_validation(v)
+    label = {"serving": "concurrency", "one_batch": "single request, batch"}
+
+    comparisons = comparisons_from_runs(res["runs"], "output_throughput", unit="tok/s", min_effect=args.min_effect,
+                                        label=lambda kind, x: f"{label[kind]} {x}")
+    latency = {c.point: _latency_note(res["runs"], c) for c in comparisons}
+    try:
+        device = detect().to_dict()
+    except (NoDeviceError, Exception):
+        device = {"name": "unknown (no CUDA visible to the client)"}
+    settings = {k: (str(val) if isinstance(val, Path) else val) for k, val in vars(v).items()
+                if k not in ("model", "configs")}
+    settings.update(model_path=str(model.path), load_format=model.load_format or "auto",
+                    configs=str(configs.root), tuned_files=list(configs.moe_files),
+                    server_args_yaml=str(configs.server_args) if configs.server_args else None,
+                    flashinfer_cache=str(configs.flashinfer_cache) if configs.flashinfer_cache else None,
+                    parsers=how)
+    intro = [f"Engine: SGLang server (`python -m sglang.launch_server`), baseline = SGLang's defaults, "
+             f"tuned = `{configs.root}` ({configs.describe()}).",
+             f"Model `{model.path}` ({'dummy weights' if model.load_format else 'real weights'}), tp {args.tp}; "
+             f"{v.repeats} server starts per side in ABBA order; input {v.input_len} / output {v.output_len} tokens; "
+             "throughput = `output_throughput` of `sglang.benchmark.serving` (random-ids, fixed lengths) and "
+             "`sglang.benchmark.one_batch_server` (single request)."]
+    return _finish(args, dict(engine="sglang", device=device, runs=res["runs"], settings=settings,
+                              extra={"servers": res["servers"]}),
+                   comparisons, out, title=f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
+                   x_label="concurrency", intro=intro, provenance=configs.provenance,
+                   extra_cols={"median ITL ms (baseline / tuned)": latency})
+
+
+def _latency_note(runs: list[dict], c) -> str:
+    import statistics
+
+    key = "median_itl_ms"
+    vals = {}
+    for side in ("baseline", "tuned"):
+        xs = [r["metrics"].get(key) for r in runs if r["x"] == c.x and r["side"] == side
+              and c.point.startswith("concurrency" if r["kind"] == "serving" else "single")]
+        xs = [x for x in xs if isinstance(x, (int, float))]
+        vals[side] = f"{statistics.median(xs):.2f}" if xs else "-"
+    return f"{vals['baseline']} / {vals['tuned']}"
+
+
+# --- harness ---------------------------------------------------------------------------------------
+
+def _validate_harness(args) -> int:
+    from .. import models
+    from ..device import NoDeviceError, cpu_interpreter, detect
+    from .gate import comparisons_from_runs
+    from .harness import HarnessModel, on_interpreter, run_harness
+
+    if args.concurrencies:
+        raise ValidateError("--concurrencies is for --engine sglang; the harness takes --batch-sizes")
+    if args.model_path:
+        raise ValidateError("--model-path is for --engine sglang; the harness takes --model or --model-config")
+    if bool(args.model) == bool(args.model_config):
+        raise ValidateError("--engine harness needs one of --model NAME (e.g. qwen3.5-397b-a17b) or --model-config")
+    if args.dtype not in models.TRITON_DTYPES:
+        raise ValidateError(f"--dtype must be one of {', '.join(models.TRITON_DTYPES)}")
+    hm = (HarnessModel.preset(models.select_models(model=args.model)[0]) if args.model
+          else HarnessModel.from_config(args.model_config))
+    batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
+    on_cpu = on_interpreter()
+    if on_cpu:
+        device = cpu_interpreter()
+    else:
+        try:
+            device = detect()
+        except NoDeviceError:
+            raise HarnessError("no GPU visible: the harness times a GPU (for the CPU pipeline check run it "
+                               "under TRITON_INTERPRET=1)") from None
+    configs = Path(args.configs or Path("tuned_configs") / device.file_name)
+    if not configs.is_dir():
+        raise HarnessError(f"tuned configs folder {configs} does not exist (pass --configs tuned_configs/<device>)")
+    out = Path(args.out) if args.out else configs
+    _check_out(out)
+    res = run_harness(hm, tp=args.tp, device=device, tuned_dir=configs, batch_sizes=batch_sizes,
+                      repeats=args.repeats or 5, layers=args.layers, dtype=args.dtype, on_cpu=on_cpu)
+    desc = res["description"]
+    comparisons = comparisons_from_runs(res["runs"], "tokens_per_s", unit="tok/s", min_effect=args.min_effect,
+                                        label=lambda kind, x: f"batch {x}")
+    share = {}
+    for c in comparisons:
+        sh = {side: sorted(r["metrics"]["moe_share"] for r in res["runs"] if r["x"] == c.x and r["side"] == side)
+              for side in ("baseline", "tuned")}
+        share[c.point] = " / ".join(f"{v[len(v) // 2]:.0%}" for v in sh.values())
+    label = "harness, not a model" + (" (cpu-interpreter wall clock: not a speed)" if on_cpu else "")
+    intro = [f"Engine: **{label}**. {desc['layers_timed']} layers of {desc['model']} at tp{desc['tp']} per-rank "
+             f"shapes ({', '.join(desc['layer_kinds'])}), random weights, scaled to {desc['layers_model']} layers; "
+             f"fused MoE {hm.model.num_experts} experts through SGLang's `invoke_fused_moe_kernel`: default = "
+             f"SGLang's built-in configs, tuned = `{configs}`.",
+             f"Timing: {desc['timing']}. Not in the step: {', '.join(desc['not_modelled'])}.",
+             *[f"Note: {n}" for n in desc["notes"]]]
+    settings = {"model": desc["model"], "tp": args.tp, "dtype": args.dtype, "batch_sizes": list(batch_sizes),
+                "repeats": args.repeats or 5, "layers": desc["layers_timed"], "configs": str(configs),
+                "command": "autotune " + " ".join(sys.argv[1:])}
+    return _finish(args, dict(engine="harness", device=device.to_dict(), runs=res["runs"], settings=settings,
+                              extra={"harness": desc, "configs_used": _jsonable(res["configs"]),
+                                     "reference_errors": _jsonable(res["checks"])}),
+                   comparisons, out, title=f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
+                   x_label="decode batch size", intro=intro, provenance=configs / "provenance.json",
+                   extra_cols={"MoE share of step (default / tuned)": share})
+
+
+def _jsonable(d: dict) -> dict:
+    return {str(k): v for k, v in d.items()}

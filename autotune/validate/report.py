@@ -1,0 +1,154 @@
+"""validation.json, the tokens/s plot and report.md, written beside the tuned files.
+
+validation.json holds everything: every run with its metrics, the commands, the versions, the
+per-point comparison and the gate. The plot shows tokens/s against batch size (harness) or
+concurrency (server), baseline vs tuned, median with the min..max of the runs as error bars.
+report.md links the plot and, where the folder has a provenance.json, repeats the tuning run's
+per-batch-size kernel tables. All files are written atomically (autotune.fsutil).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..device import software_versions, utc_now
+from ..fsutil import read_json, write_atomic, write_json
+from .gate import Comparison, GateResult
+
+VALIDATION_JSON = "validation.json"
+PLOT_PNG = "validation.png"
+REPORT_MD = "report.md"
+
+
+def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,
+                 runs: list[dict], settings: dict, extra: dict | None = None) -> dict:
+    return {"engine": engine, "date": utc_now(), "device": device, "versions": software_versions(),
+            "settings": settings, "comparisons": [c.to_dict() for c in comparisons],
+            "gate": gate.to_dict() if gate else None, "runs": runs, **(extra or {})}
+
+
+def plot(path: Path, comparisons: list[Comparison], *, title: str, x_label: str, y_label: str) -> bool:
+    """Tokens/s vs x, baseline vs tuned; returns False when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        series.setdefault(c.point.rsplit(" ", 1)[0], []).append(c)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    colors = {"baseline": "tab:gray", "tuned": "tab:blue"}
+    markers = [("o", "s"), ("^", "D"), ("v", "P")]
+    for k, (name, cs) in enumerate(series.items()):
+        cs = sorted(cs, key=lambda c: c.x)
+        xs = [c.x for c in cs]
+        for j, side in enumerate(("baseline", "tuned")):
+            med = [c.baseline_median if side == "baseline" else c.tuned_median for c in cs]
+            vals = [c.baseline if side == "baseline" else c.tuned for c in cs]
+            err = [[m - min(v) for m, v in zip(med, vals)], [max(v) - m for m, v in zip(med, vals)]]
+            label = side if len(series) == 1 else f"{side}, {name}"
+            ax.errorbar(xs, med, yerr=err, color=colors[side], marker=markers[k % len(markers)][j],
+                        linestyle=("-" if k == 0 else "--") if len(xs) > 1 else "none", capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    xt = sorted({c.x for c in comparisons})
+    ax.set_xticks(xt)
+    ax.set_xticklabels([str(x) for x in xt])
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return True
+
+
+def comparison_table(comparisons: list[Comparison], extra_cols: dict[str, dict[str, str]] | None = None) -> str:
+    extra_cols = extra_cols or {}
+    head = ["point", "baseline (median, spread)", "tuned (median, spread)", "tuned/baseline", "threshold", "verdict"]
+    head += list(extra_cols)
+    rows = []
+    for c in comparisons:
+        row = [c.point, f"{c.baseline_median:.1f} {c.unit} ({c.baseline_spread:.1%})",
+               f"{c.tuned_median:.1f} {c.unit} ({c.tuned_spread:.1%})", f"{c.ratio:.3f} ({c.gain:+.1%})",
+               f"{c.threshold:.1%}" + ("" if c.sigma is not None else " (noise n/a)"), c.verdict]
+        row += [col.get(c.point, "-") for col in extra_cols.values()]
+        rows.append(row)
+    return _md_table(head, rows)
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def tuning_tables(provenance_path: Path) -> str:
+    """The tuning run's per-M kernel table of each file in provenance.json (markdown)."""
+    prov = read_json(provenance_path, {}) or {}
+    out = []
+    for fname, info in (prov.get("files") or {}).items():
+        per_m = info.get("per_M") or {}
+        if not per_m:
+            continue
+        rows = []
+        for M in sorted(per_m, key=lambda k: int(k)):
+            e = per_m[M]
+            base = [v for v in (e.get("default_us"), e.get("shipped_us")) if isinstance(v, (int, float))]
+            tuned = e.get("tuned_us")
+            sp = f"{min(base) / tuned:.3f}x" if base and tuned else "-"
+            rows.append([M, _us(e.get("default_us")), _us(e.get("shipped_us")), _us(tuned), sp, e.get("source", "-")])
+        run = info.get("run", {})
+        out.append(f"**{fname}** (measured on {info.get('device', '?')} {info.get('measured_on', '')}, "
+                   f"{info.get('date', '?')}; `{run.get('command', '?')}`)\n\n"
+                   + _md_table(["M", "default µs", "shipped µs", "tuned µs", "speedup vs best baseline", "winner"],
+                               rows))
+    return "\n\n".join(out)
+
+
+def _us(v) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "-"
+
+
+def write_reports(out_dir: str | Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
+                  intro: list[str], provenance: Path | None = None,
+                  extra_cols: dict[str, dict[str, str]] | None = None) -> dict[str, Path]:
+    """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`."""
+    out = Path(out_dir)
+    paths = {"json": out / VALIDATION_JSON, "plot": out / PLOT_PNG, "md": out / REPORT_MD}
+    unit = comparisons[0].unit if comparisons else "tok/s"
+    has_plot = bool(comparisons) and plot(paths["plot"], comparisons, title=title, x_label=x_label,
+                                          y_label=f"decode throughput ({unit})")
+    record = dict(record)
+    record["files"] = {"plot": PLOT_PNG if has_plot else None, "report": REPORT_MD}
+    write_json(paths["json"], record)
+    md = [f"# Validation: {title}", "", *intro, ""]
+    md += [comparison_table(comparisons, extra_cols), ""]
+    gate = record.get("gate")
+    if gate:
+        md += ["**Gate:** " + "  \n".join(gate["lines"]), ""]
+    md += [f"![tokens/s vs {x_label}]({PLOT_PNG})" if has_plot else
+           "(no plot: matplotlib is not installed; `pip install matplotlib`)", ""]
+    md += [f"All runs, commands and versions: [{VALIDATION_JSON}]({VALIDATION_JSON}).", ""]
+    if provenance and Path(provenance).is_file():
+        tables = tuning_tables(Path(provenance))
+        rel = os.path.relpath(provenance, out)
+        md += ["## Tuning tables", "", f"From [{Path(provenance).name}]({rel}).", ""]
+        md += [tables or "(provenance.json lists no per-batch-size results)", ""]
+    write_atomic(paths["md"], "\n".join(md))
+    if not has_plot:
+        paths.pop("plot")
+    return paths

@@ -1,0 +1,170 @@
+"""The decode harness: its per-layer shapes against the model configs (HF config.json, SGLang's
+own config classes, autotune's dense-GEMM shapes), and the whole harness end to end in Triton's
+CPU interpreter on a tiny shape (TRITON_INTERPRET=1, set by conftest)."""
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.models import PRESETS, dense_gemms
+from autotune.validate import HarnessError
+from autotune.models import LinearAttention
+from autotune.validate.harness import (HarnessModel, default_layers,
+                                       layer_shapes)
+
+DATA = Path(__file__).parent / "data" / "validate"
+TINY = DATA / "tiny_qwen3.5_moe.config.json"
+
+
+def _g(gemms, name):
+    return next(g for g in gemms if g.name == name)
+
+
+def test_qwen35_397b_tp8_shapes_from_the_preset_equal_those_from_its_config():
+    preset = layer_shapes(HarnessModel.preset(PRESETS["qwen3.5-397b-a17b"]), 8)
+    cfg = layer_shapes(HarnessModel.from_config(DATA / "qwen3.5-397b-a17b.config.json"), 8)
+    def shapes(sh):
+        d = sh.to_dict()
+        del d["model"], d["problem"]["sources"]           # the name differs, nothing else
+        return d
+    assert shapes(preset) == shapes(cfg) and preset.problem == cfg.problem
+    p = preset.problem
+    assert (p.E, p.N, p.K, p.top_k) == (512, 128, 4096, 10)
+    assert (preset.router.N, preset.router.K) == (512, 4096)
+    # gated queries: 2 x 32/8 heads + 2 x max(1, 2/8) KV heads, head_dim 256
+    assert (_g(preset.full_attention, "attn_qkv").N, _g(preset.full_attention, "attn_o").K) == (2560, 1024)
+    # Gated DeltaNet: qkvz = (2 x 16x128 + 2 x 64x128) / 8, ba = 2 x 64 / 8, out_proj K = 64x128 / 8
+    la = {g.name: (g.N, g.K) for g in preset.linear_attention}
+    assert la == {"linear_in_proj_qkvz": (2560, 4096), "linear_in_proj_ba": (16, 4096),
+                  "linear_out_proj": (4096, 1024)}
+    assert {g.name: (g.N, g.K) for g in preset.shared_expert} == \
+        {"shared_gate_up": (256, 4096), "shared_down": (4096, 128), "shared_gate": (1, 4096)}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_attention_and_shared_expert_shapes_agree_with_autotunes_dense_gemms(name, tp):
+    sh = layer_shapes(HarnessModel.preset(PRESETS[name]), tp)
+    ours = {g.name: (g.N, g.K) for g in sh.full_attention + sh.linear_attention + sh.shared_expert}
+    dense = dense_gemms(PRESETS[name], tp, "fp8_w8a8_block")
+    assert dense
+    for g in dense:                     # every tuned GEMM shape is one the harness runs
+        for part in g.name.split("+"):
+            assert ours[part] == (g.N, g.K), (part, g)
+
+
+def test_layer_layout_and_linear_sizes_match_sglangs_own_config_classes():
+    from sglang.srt.configs.qwen3_5 import Qwen3_5MoeTextConfig
+    from sglang.srt.configs.qwen3_next import Qwen3NextConfig
+
+    text = json.loads((DATA / "qwen3.5-397b-a17b.config.json").read_text())["text_config"]
+    sg = Qwen3_5MoeTextConfig(**{k: v for k, v in text.items() if k != "model_type"})
+    sh = layer_shapes(HarnessModel.preset(PRESETS["qwen3.5-397b-a17b"]), 8)
+    kinds = ["full" if t == "attention" else "linear" for t in sg.layers_block_type]
+    assert [sh.kind(i) for i in range(sg.num_hidden_layers)] == kinds and kinds.count("full") == 15
+    # SGLang's Qwen3NextConfig defaults are Qwen3-Next-80B-A3B's: the preset and our table agree
+    nx = Qwen3NextConfig()
+    m = PRESETS["qwen3-next-80b-a3b"]
+    assert (m.hidden_size, m.num_layers, m.num_experts, m.top_k, m.moe_intermediate_size,
+            m.shared_expert_intermediate_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim) == \
+        (nx.hidden_size, nx.num_hidden_layers, nx.num_experts, nx.num_experts_per_tok, nx.moe_intermediate_size,
+         nx.shared_expert_intermediate_size, nx.num_attention_heads, nx.num_key_value_heads, nx.head_dim)
+    assert m.linear == LinearAttention(
+        nx.linear_num_key_heads, nx.linear_num_value_heads, nx.linear_key_head_dim, nx.linear_value_head_dim,
+        nx.linear_conv_kernel_dim)
+    assert all(p.linear is not None and p.attn_output_gate for p in PRESETS.values())
+
+
+def test_layers_default_and_bad_tp():
+    assert default_layers(layer_shapes(HarnessModel.preset(PRESETS["qwen3.5-397b-a17b"]), 8)) == 8
+    tiny = layer_shapes(HarnessModel.from_config(TINY), 1)
+    assert default_layers(tiny) == 2 and [tiny.kind(i) for i in range(2)] == ["linear", "full"]
+    with pytest.raises(HarnessError, match="does not divide"):
+        layer_shapes(HarnessModel.preset(PRESETS["qwen3.5-397b-a17b"]), 3)
+
+
+# --- end to end under TRITON_INTERPRET=1 ---------------------------------------------------------
+
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+
+
+def _tuned_folder(root: Path) -> Path:
+    from autotune.device import cpu_interpreter
+    from autotune.kernels.triton_moe import sglang_file_name
+
+    dev = cpu_interpreter()
+    problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
+    d = root / "tuned_configs" / dev.file_name
+    sub = d / "configs" / f"triton_{dev.versions['triton'].replace('.', '_')}"
+    sub.mkdir(parents=True)
+    (sub / sglang_file_name(problem, dev)).write_text(json.dumps({"1": CFG, "2": CFG}))
+    (d / "provenance.json").write_text(json.dumps({"files": {sglang_file_name(problem, dev): {
+        "device": dev.name, "measured_on": "cpu-interpreter", "date": "2026-11-29", "run": {"command": "autotune run"},
+        "per_M": {"1": {"tuned_us": 10.0, "default_us": 12.0, "shipped_us": None, "source": "tuned"}}}}}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def harness_run(tmp_path_factory):
+    from autotune.validate.command import add_parser
+
+    root = tmp_path_factory.mktemp("harness")
+    d = _tuned_folder(root)
+    ap = argparse.ArgumentParser(prog="autotune")
+    add_parser(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(["validate", "--engine", "harness", "--model-config", str(TINY), "--tp", "1",
+                          "--configs", str(d), "--batch-sizes", "1,2", "--repeats", "2"])
+    rc = args.fn(args)
+    return rc, d
+
+
+def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
+    rc, d = harness_run
+    assert rc == 0
+    rec = json.loads((d / "validation.json").read_text())
+    h = rec["harness"]
+    assert rec["engine"] == "harness" and h["label"] == "harness, not a model"
+    assert "cpu-interpreter" in h["timing"] and "mean nothing about speed" in h["timing"]
+    assert h["layer_kinds"] == ["linear", "full"] and h["layers_model"] == 2
+    # both sides ran SGLang's loader: the tuned file on one side, SGLang's default heuristic on the other
+    for M in ("1", "2"):
+        used = rec["configs_used"][M]
+        assert used["tuned"]["file_found"] and used["tuned"]["gate_up"] == CFG
+        assert not used["default"]["file_found"] and used["default"]["source"] == "SGLang's default heuristic"
+        assert max(rec["reference_errors"][M].values()) < 1e-5
+    runs = rec["runs"]
+    assert len(runs) == 2 * 2 * 2
+    assert {(r["side"], r["x"]) for r in runs} == {(s, m) for s in ("baseline", "tuned") for m in (1, 2)}
+    for r in runs:
+        m = r["metrics"]
+        assert m["tokens_per_s"] > 0 and 0 < m["moe_share"] <= 1 and m["moe_us"] < m["step_us"] * 1.5
+    assert [c["point"] for c in rec["comparisons"]] == ["batch 1", "batch 2"]
+    assert rec["gate"]["lines"]
+
+
+def test_harness_report_files(harness_run):
+    _, d = harness_run
+    md = (d / "report.md").read_text()
+    assert "harness, not a model" in md and "cpu-interpreter" in md and "](validation.json)" in md
+    assert "## Tuning tables" in md and "](provenance.json)" in md and "| 1 | 12.00 | - | 10.00 | 1.200x | tuned |" in md
+    if importlib.util.find_spec("matplotlib") is None:      # the plot is optional: the report says so
+        assert "no plot: matplotlib is not installed" in md and not (d / "validation.png").exists()
+    else:
+        assert "](validation.png)" in md
+        assert (d / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(d.glob(".*"))                          # atomic writes leave no temp files
+
+
+def test_harness_refuses_a_folder_without_this_models_file(tmp_path, capsys):
+    from autotune.validate.command import add_parser
+
+    (tmp_path / "configs" / "triton_3_8_0").mkdir(parents=True)
+    ap = argparse.ArgumentParser(prog="autotune")
+    add_parser(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(["validate", "--engine", "harness", "--model-config", str(TINY), "--configs", str(tmp_path),
+                          "--batch-sizes", "1", "--repeats", "1"])
+    assert args.fn(args) == 2
+    err = capsys.readouterr().err
+    assert "has no config for E=8,N=32,K=64,topk=2,bf16" in err and "nothing to validate" in err
