@@ -109,7 +109,12 @@ class _MoeLayerFamily(BackendFamily):
         p = inputs.problem
         key = ("triton_cfg", inputs.M)
         if key not in inputs.cache:
-            inputs.cache[key] = sglang_selection(p, inputs.M, _device(), self.triton_config_dir)[:2]
+            # The tuned folder where it has this shape's file (what the server will load with
+            # SGLANG_MOE_CONFIG_DIR), else SGLang's own files: its shipped config or its default.
+            up, down, found = sglang_selection(p, inputs.M, _device(), self.triton_config_dir)
+            if not found:
+                up, down, _ = sglang_selection(p, inputs.M, _device(), None)
+            inputs.cache[key] = (up, down)
         up, down = inputs.cache[key]
         up, down = dict(up), dict(down)
         up_tma = bool(up.pop("USE_TMA", False))
