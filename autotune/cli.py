@@ -36,15 +36,22 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     g.add_argument("--search-space", help="search space YAML (default search_spaces/triton_moe.yaml)")
 
 
-def _problems(args, device=None):
+def _selection(args):
+    """(models, tps, eps, dtypes or None, batch sizes) from the "what to tune" flags."""
     from . import models
 
-    ms = models.select_models(args.shapes, args.model, args.model_config)
-    tps = models.parse_int_list(args.tp, "--tp")
-    eps = models.parse_int_list(args.ep, "--ep")
-    dtypes = tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else tuple(models.DTYPES)
-    bss = models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else models.DEFAULT_BATCH_SIZES
-    return models.expand(ms, tps, eps, dtypes, bss)
+    return (models.select_models(args.shapes, args.model, args.model_config),
+            models.parse_int_list(args.tp, "--tp"), models.parse_int_list(args.ep, "--ep"),
+            tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else None,
+            models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes
+            else models.DEFAULT_BATCH_SIZES)
+
+
+def _problems(args):
+    from . import models
+
+    ms, tps, eps, dtypes, bss = _selection(args)
+    return models.expand(ms, tps, eps, dtypes or models.TRITON_DTYPES, bss)
 
 
 def _print_shared(exp) -> None:
@@ -169,11 +176,7 @@ def _plan(args, device, cache, kernels=("triton_moe",), options=None):
     from .plan import PlanError, build
 
     try:
-        chosen = models.select_models(args.shapes, args.model, args.model_config)
-        tps = models.parse_int_list(args.tp, "--tp")
-        eps = models.parse_int_list(args.ep, "--ep")
-        dtypes = tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else None
-        bss = models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else models.DEFAULT_BATCH_SIZES
+        chosen, tps, eps, dtypes, bss = _selection(args)
         exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
     except (models.ModelError, PlanError) as e:
         raise UsageError(str(e))

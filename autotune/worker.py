@@ -38,7 +38,6 @@ class Settings:
     skew: float = 0.0
     routings: int = 10
     repeats: int = 7
-    env: dict = field(default_factory=dict)
     # (family, problem dicts) of the run: the first worker builds the JIT kernels they need
     # (alignment, quantization, FlashInfer modules) before the others start, so N processes do
     # not race N nvcc builds.
@@ -78,7 +77,6 @@ def _gpu_lock(lock_dir: str, gpu: int):
 
 
 def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool = False) -> None:
-    os.environ.update(settings.env)
     if settings.on_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     else:

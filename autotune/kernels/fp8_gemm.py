@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .backend_family import BackendFamily, rotate
+from .triton_moe import fp8_blocks, fp8_per_matrix
 
-FP8_MAX = 448.0
 BLOCK = (128, 128)
 
 
@@ -30,24 +30,11 @@ class GemmInputs:
 
 
 def quantize_block(w, block=BLOCK):
-    import torch
-
-    N, K = w.shape
-    bn, bk = block
-    rb, cb = -(-N // bn), -(-K // bk)
-    pad = torch.zeros(rb * bn, cb * bk, device=w.device)
-    pad[:N, :K] = w
-    blocks = pad.view(rb, bn, cb, bk)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
-    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(rb * bn, cb * bk)[:N, :K]
-    return q.contiguous(), scale.float()
+    return fp8_blocks(w, block)
 
 
 def quantize_tensor(w):
-    import torch
-
-    scale = w.abs().amax().clamp(min=1e-12).float() / FP8_MAX
-    return (w / scale).to(torch.float8_e4m3fn), scale.reshape(())
+    return fp8_per_matrix(w)
 
 
 class Fp8Gemm(BackendFamily):

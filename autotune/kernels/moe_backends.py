@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .backend_family import BackendFamily
-from .triton_moe import TritonMoe, sglang_align_block_size, sglang_selection
+from .triton_moe import TritonMoe, random_routing, sglang_align_block_size, sglang_selection
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
 
@@ -71,14 +71,8 @@ class _MoeLayerFamily(BackendFamily):
 
         w13, w2, d13, d2, scales = self._weights(problem, seed)
         g = torch.Generator(device="cuda").manual_seed(seed * 7919 + M)
-        bias = torch.randn(problem.E, generator=g, device="cuda") * skew
-        xs, ids, wts = [], [], []
-        for _ in range(routings):
-            logits = torch.randn(M, problem.E, generator=g, device="cuda") + bias
-            w, i = torch.topk(torch.softmax(logits, dim=-1), problem.top_k, dim=-1)
-            ids.append(i.to(torch.int32))
-            wts.append((w / w.sum(-1, keepdim=True)).float())
-            xs.append(torch.randn(M, problem.K, generator=g, device="cuda").to(torch.bfloat16))
+        ids, wts = random_routing(g, M, problem.E, problem.top_k, skew, routings)
+        xs = [torch.randn(M, problem.K, generator=g, device="cuda").to(torch.bfloat16) for _ in range(routings)]
         return MoeLayerInputs(problem, M, xs, ids, wts, w13, w2, d13, d2, scales)
 
     def reference(self, inputs: MoeLayerInputs, config=None):

@@ -276,15 +276,9 @@ class TritonMoe:
         cdt = compute_dtype(problem, on_cpu)
         w = self._weights(problem, gemm, seed, dev, cdt)
         g = torch.Generator(device=dev).manual_seed(seed * 7919 + M * 2 + (gemm == "down"))
-        bias = torch.randn(E, generator=g, device=dev) * skew
-        topk_ids, topk_weights, A = [], [], []
+        topk_ids, topk_weights = random_routing(g, M, E, k, skew, routings)
         rows, in_dim = (M, K) if gemm == "gate_up" else (M * k, N)
-        for _ in range(routings):
-            logits = torch.randn(M, E, generator=g, device=dev) + bias
-            wts, ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
-            topk_ids.append(ids.to(torch.int32))
-            topk_weights.append((wts / wts.sum(-1, keepdim=True)).float())
-            A.append(torch.randn(rows, in_dim, generator=g, device=dev).to(cdt))
+        A = [torch.randn(rows, in_dim, generator=g, device=dev).to(cdt) for _ in range(routings)]
         C = torch.empty((M * k, 2 * N) if gemm == "gate_up" else (M, k, K), dtype=cdt, device=dev)
         return MoeInputs(problem, gemm, M, A, w[0], w[1], w[2], C, topk_ids, topk_weights, on_cpu)
 
@@ -314,23 +308,11 @@ class TritonMoe:
 
     def _quantize(self, problem: Problem, w, cdt):
         """bf16 weights as is; FP8 weights with a per-block (128x128) or per-expert scale."""
-        import torch
-
         if problem.dtype == "bf16":
             return w.to(cdt), None
-        fp8 = torch.float8_e4m3fn
-        E, R, C = w.shape
         if problem.block_shape:
-            bn, bk = problem.block_shape
-            rb, cb = -(-R // bn), -(-C // bk)
-            pad = torch.zeros(E, rb * bn, cb * bk, device=w.device)
-            pad[:, :R, :C] = w
-            blocks = pad.view(E, rb, bn, cb, bk)
-            scale = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-12) / FP8_MAX      # [E, rb, cb]
-            q = (blocks / scale[:, :, None, :, None]).to(fp8).view(E, rb * bn, cb * bk)[:, :R, :C]
-            return q.contiguous(), scale.float()
-        scale = w.abs().amax(dim=(1, 2)).clamp(min=1e-12) / FP8_MAX                 # [E]
-        return (w / scale[:, None, None]).to(fp8), scale.float()
+            return fp8_blocks(w, problem.block_shape)
+        return fp8_per_matrix(w)
 
     def aligned(self, inputs: MoeInputs, block_m: int, routing: int):
         key = (block_m, routing)
@@ -458,6 +440,43 @@ class TritonMoe:
             return q.view(A.shape[0], cols)[:, : A.shape[1]]
         s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
         return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+def random_routing(g, M: int, E: int, k: int, skew: float, sets: int):
+    """`sets` routings of M tokens: softmax top-k of random logits, renormalised; `skew` > 0 adds
+    a per-expert bias of that many standard deviations (hot experts)."""
+    import torch
+
+    bias = torch.randn(E, generator=g, device=g.device) * skew
+    ids, wts = [], []
+    for _ in range(sets):
+        w, i = torch.topk(torch.softmax(torch.randn(M, E, generator=g, device=g.device) + bias, dim=-1), k, dim=-1)
+        ids.append(i.to(torch.int32))
+        wts.append((w / w.sum(-1, keepdim=True)).float())
+    return ids, wts
+
+
+def fp8_blocks(w, block):
+    """float8_e4m3fn with one scale per (block_n x block_k) tile of the last two dims: (q, scales)."""
+    import torch
+
+    *lead, R, C = w.shape
+    bn, bk = block
+    rb, cb = -(-R // bn), -(-C // bk)
+    pad = torch.zeros(*lead, rb * bn, cb * bk, device=w.device)
+    pad[..., :R, :C] = w
+    blocks = pad.view(*lead, rb, bn, cb, bk)
+    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=1e-12) / FP8_MAX          # [..., rb, cb]
+    q = (blocks / scale[..., :, None, :, None]).to(torch.float8_e4m3fn).view(*lead, rb * bn, cb * bk)
+    return q[..., :R, :C].contiguous(), scale.float()
+
+
+def fp8_per_matrix(w):
+    """float8_e4m3fn with one scale per matrix of the last two dims: (q, scales [...])."""
+    import torch
+
+    scale = w.abs().amax(dim=(-2, -1)).clamp(min=1e-12).float() / FP8_MAX
+    return (w / scale[..., None, None]).to(torch.float8_e4m3fn), scale
 
 
 def _dequant(problem: Problem, B, B_scale, e: int):
