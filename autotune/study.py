@@ -90,6 +90,15 @@ def _retry_dead_workers_trial(study, trial) -> None:
     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)(study, trial)
 
 
+def _fail_dead_trials(study) -> None:
+    """Fail the trials of processes that stopped heartbeating (each is re-queued once)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
 def safe_url(url: str) -> str:
     import re
     return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
@@ -173,6 +182,10 @@ class ProblemTuner:
     # -- the measurement index, rebuilt from storage so a resumed run re-measures nothing --------
     def _sync(self, slot: Slot, resume: bool = False) -> None:
         """Read the study's trials not read yet (other processes add some while we run)."""
+        if self.shared:
+            # A dead process's trial holds a place in the budget until it is failed and re-queued;
+            # done here, not only when asking, so a study it filled does not stay short forever.
+            _fail_dead_trials(slot.study)
         trials = slot.study.get_trials(deepcopy=False)
         asks = running = 0
         for t in trials:
@@ -312,6 +325,11 @@ class ProblemTuner:
                 break
             live = [sl for sl in order if self._open(sl)]
             if not live and not self.pool.busy():
+                if self.shared and any(sl.running_all for sl in order):
+                    # Other processes' trials are still running: they complete, or their process
+                    # died and they are re-queued once stale, and then someone must measure them.
+                    time.sleep(0.5)
+                    continue
                 break
             while live and self.pool.idle():
                 if self._out_of_budget():
@@ -404,7 +422,7 @@ class ProblemTuner:
         """A config to measure at slot.M, or None when the study's space is used up."""
         space, dists, study = self.spaces[slot.gemm], self.dists[slot.gemm], slot.study
         if self.shared:
-            optuna.storages.fail_stale_trials(study)   # re-queues a dead process's trial once
+            _fail_dead_trials(study)
             self._sync(slot)
         study.sampler = self._sampler(slot)
         # Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume,

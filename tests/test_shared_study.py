@@ -111,16 +111,23 @@ def test_four_workers_share_200_trials_exactly_and_lose_nothing():
 @needs_pg
 def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
     study = f"kill-{uuid.uuid4().hex[:8]}"
-    victim = worker(study, 30, 8.0)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:             # kill it inside a trial (each ~0.5 s here)
-        if any(t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs
-               for s in studies(study).values() for t in s.trials):
+
+    def running():
+        return [t for s in studies(study).values() for t in s.trials
+                if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs]
+
+    for attempt in range(3):                       # kill it inside a trial (each ~0.5 s here)
+        victim = worker(study, 30, 8.0)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not running():
+            time.sleep(0.2)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert time.monotonic() < deadline, "the worker never started a trial"
+        if running():                              # the kill landed inside one, not between two
             break
-        time.sleep(0.2)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    assert time.monotonic() < deadline, "the worker never started a trial"
+    else:
+        pytest.fail("three kills all landed between trials")
     others = [worker(study, 30, 2.0) for _ in range(2)]
     outs = finish(others)
     assert all(p.returncode == 0 for p in others), outs
@@ -133,6 +140,58 @@ def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
         assert t.state == optuna.trial.TrialState.COMPLETE or "budget was met" in reason(s, t)
     for name, s in ss.items():                     # as many completed asks as an undisturbed run
         assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 30, name
+
+
+def last_trial_running(study, budget):
+    """The study (name) whose budget-th ask is running, from one SQL query on Optuna's tables
+    (loading the studies takes longer than the 0.5 s window this looks for)."""
+    import sqlalchemy
+    asked = "EXISTS (SELECT 1 FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'asked')"
+    q = sqlalchemy.text(f"""
+        SELECT s.study_name FROM studies s JOIN trials t ON t.study_id = s.study_id
+        WHERE s.study_name LIKE :name AND NOT EXISTS (SELECT 1 FROM trial_user_attributes a
+              WHERE a.trial_id = t.trial_id AND a.key = 'shared_from')
+        GROUP BY s.study_name
+        HAVING SUM(CASE WHEN t.state = 'RUNNING' AND NOT {asked} THEN 1 ELSE 0 END) = 1
+           AND SUM(CASE WHEN t.state = 'COMPLETE' AND {asked} THEN 1 ELSE 0 END) = :asked""")
+    with _engine().connect() as c:
+        row = c.execute(q, {"name": f"triton_moe|{study}~replay|%", "asked": budget - 1}).first()
+    return row[0] if row else None
+
+
+_ENGINE = []
+
+
+def _engine():
+    if not _ENGINE:
+        import sqlalchemy
+        _ENGINE.append(sqlalchemy.create_engine(PG.replace("postgresql://", "postgresql+psycopg://", 1)))
+    return _ENGINE[0]
+
+
+@needs_pg
+def test_a_dead_workers_last_trial_of_a_study_is_still_retried():
+    """The dead trial fills a study's budget (11 asked + it): the others must not stop short."""
+    budget = 12
+    for attempt in range(3):
+        study = f"last-{uuid.uuid4().hex[:8]}"
+        victim = worker(study, budget, 8.0)
+        deadline, hit = time.monotonic() + 150, None
+        while time.monotonic() < deadline and victim.poll() is None and hit is None:
+            hit = last_trial_running(study, budget)
+            time.sleep(0.1)   # a config known already is told at once: a measured one still runs
+            hit = hit if hit and last_trial_running(study, budget) == hit else None
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        if hit and any(t.state == optuna.trial.TrialState.RUNNING for t in studies(study)[hit].trials):
+            break
+    else:
+        pytest.fail("could not kill the worker inside a study's last trial in 3 tries")
+    outs = finish([worker(study, budget, 2.0)])
+    s = studies(study)[hit]
+    assert not [t for t in s.trials if t.state == optuna.trial.TrialState.RUNNING], outs
+    assert len([t for t in s.trials if t.user_attrs.get("asked")]) == budget
+    assert any("heartbeating" in reason(s, t) for t in s.trials)
 
 
 def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path):
