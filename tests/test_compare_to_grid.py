@@ -1,0 +1,50 @@
+"""benchmarks/compare_to_grid.py: the issue-2 check of a tuned folder against the recorded grid,
+read through SGLang's own loader."""
+import importlib.util
+
+from tests.conftest import GRID, ROOT
+
+spec = importlib.util.spec_from_file_location("compare_to_grid", ROOT / "benchmarks/compare_to_grid.py")
+compare_to_grid = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare_to_grid)
+
+
+def _best_pair(cache, pk, M):
+    best = {}
+    for m in cache.records.values():
+        if m.problem == pk and m.M == M and m.ok:
+            k = (m.gemm, m.config["BLOCK_SIZE_M"])
+            if k not in best or m.time_us < best[k].time_us:
+                best[k] = m
+    bm = min((bm for g, bm in best if g == "gate_up" and ("down", bm) in best),
+             key=lambda bm: best["gate_up", bm].time_us + best["down", bm].time_us)
+    return best["gate_up", bm], best["down", bm]
+
+
+def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h200, qwen397_bf16, capsys):
+    from autotune.export.sglang import config_dir, export_problem
+    from autotune.select import Choice
+
+    (pk, _), = grid_cache.problems.items()
+    choices = {}
+    for M in qwen397_bf16.batch_sizes:
+        up, down = _best_pair(grid_cache, pk, M)
+        choices[M] = Choice(M, up.config, down.config, up.time_us, down.time_us, "tuned")
+    export_problem(tmp_path, h200, qwen397_bf16, choices, run={})
+    folder = tmp_path / h200.file_name
+    assert compare_to_grid.main(["--configs", str(folder), "--grid", str(GRID)]) == 0
+    rows = compare_to_grid.compare(folder, GRID)
+    assert [r["M"] for r in rows] == list(qwen397_bf16.batch_sizes)
+    assert all(abs(r["gap"]) < 1e-9 for r in rows)
+    assert all(r["tuned_us"] < r["default_us"] for r in rows)
+
+    # M=8 written with M=1's pair: SGLang loads it at M=8, and the check names M=8 alone.
+    import json
+    for name in [p for p in config_dir(tmp_path, h200).iterdir() if p.suffix == ".json"]:
+        d = json.loads(name.read_text())
+        d["8"] = d["1"]
+        name.write_text(json.dumps(d))
+    capsys.readouterr()
+    assert compare_to_grid.main(["--configs", str(folder), "--grid", str(GRID)]) == 1
+    err = capsys.readouterr().err
+    assert "M=8:" in err and "M=1:" not in err and "M=32:" not in err
