@@ -17,6 +17,7 @@ Why this shape (argued in docs/DESIGN.md):
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import random
 import threading
@@ -169,6 +170,7 @@ class ProblemTuner:
         # Shared storages (heartbeats on) have other processes' trials RUNNING legitimately.
         self.shared = bool(getattr(storage, "heartbeat_interval", None))
         self._running: dict = {}     # trial_id -> study, for heartbeats
+        self._adopted: set = set()   # other processes' trial ids given a heartbeat (see _sync)
         self._last_sync = 0.0
         self.slots: dict = {}
         for g in family.gemms:
@@ -193,6 +195,8 @@ class ProblemTuner:
                 asks += 1
             if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs:
                 running += 1
+                if self.shared:
+                    self._adopt(t)
             if t.number in slot.indexed:
                 continue
             if t.state == optuna.trial.TrialState.RUNNING:
@@ -221,6 +225,18 @@ class ProblemTuner:
             elif name.startswith("careful:"):
                 m = Measurement.from_dict(value)
                 self.careful.setdefault((slot.gemm, slot.M, config_key(m.config)), m)
+
+    def _adopt(self, t) -> None:
+        """A process killed between asking a trial and its first heartbeat leaves it RUNNING with
+        no heartbeat, which Optuna never declares stale. Give each other process's trial older
+        than the grace period one heartbeat: a live one is unaffected (it beats anyway), a dead
+        one turns stale one grace period later and is failed and re-queued like any other."""
+        grace = getattr(self.storage, "grace_period", None) or 2 * self.storage.heartbeat_interval
+        if t._trial_id in self._running or t._trial_id in self._adopted or t.datetime_start is None:
+            return
+        if (datetime.datetime.now() - t.datetime_start).total_seconds() > grace:
+            self._adopted.add(t._trial_id)
+            self.storage.record_heartbeat(t._trial_id)
 
     def _sync_all(self, every_s: float = 1.0) -> None:
         if self.shared and time.monotonic() - self._last_sync > every_s:

@@ -194,6 +194,29 @@ def test_a_dead_workers_last_trial_of_a_study_is_still_retried():
     assert any("heartbeating" in reason(s, t) for t in s.trials)
 
 
+@needs_pg
+def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forever():
+    """A process killed between asking a trial and its first heartbeat leaves a RUNNING trial that
+    Optuna never calls stale; the study must still finish with its budget, in bounded time."""
+    study = f"nohb-{uuid.uuid4().hex[:8]}"
+    first = worker(study, 4, 0.0, "--batch-sizes", "1")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    ss = studies(study)
+    orphan_study = next(s for n, s in ss.items() if "|gate_up|M=1" in n)
+    orphan = orphan_study.ask()                    # RUNNING, no heartbeat: its process "died" here
+    t0 = time.monotonic()
+    second = worker(study, 5, 0.0, "--batch-sizes", "1")
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+    assert time.monotonic() - t0 < 100
+    s = studies(study)[orphan_study.study_name]
+    assert s.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    assert "heartbeating" in reason(s, s.trials[orphan.number])
+    assert not [t for t in s.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 5
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path, sig):
     common = [*RUN, "--batch-sizes", "1,8,64", "--replay", str(GRID), "--trials", "10", "--quiet"]
