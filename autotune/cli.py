@@ -598,25 +598,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _stop_on_sigterm() -> None:
-    """`docker stop` and batch schedulers send SIGTERM: stop as on Ctrl-C (in-flight
-    measurements land, the storage stays consistent, a re-run resumes)."""
-    import signal
-    import threading
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
-
-
 def main(argv=None) -> int:
     from .models import ModelError
     from .spaces import SpaceError
 
     args = build_parser().parse_args(argv)
-    _stop_on_sigterm()
     try:
         return args.fn(args)
     except (UsageError, ModelError, SpaceError) as e:

@@ -217,8 +217,7 @@ def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forev
     assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 5
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
-def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path, sig):
+def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path):
     common = [*RUN, "--batch-sizes", "1,8,64", "--replay", str(GRID), "--trials", "10", "--quiet"]
     a = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "a"))
     b = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'b.db'}", "--out", str(tmp_path / "b"),
@@ -228,10 +227,8 @@ def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tm
                                             or measurements_in(f"sqlite:///{tmp_path / 'b.db'}") < 40):
         time.sleep(0.5)
     assert time.monotonic() < deadline and b.poll() is None, "the run to interrupt never got going"
-    b.send_signal(sig)                             # mid-search: past the baselines, short of the budget
-    out_b, _ = b.communicate(timeout=120)
-    if sig == signal.SIGTERM:                      # docker stop: a clean stop, told as such
-        assert b.returncode == 130 and "a re-run resumes" in out_b, out_b
+    b.send_signal(signal.SIGKILL)                  # mid-search: past the baselines, short of the budget
+    b.wait()
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("*.json"))
     before = measurements_in(f"sqlite:///{tmp_path / 'b.db'}")
     b2 = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'b.db'}", "--out", str(tmp_path / "b"))
