@@ -157,6 +157,11 @@ def _add_search_args(p) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _add_storage_and_out(p) -> None:
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+
+
 def _add_device_args(p) -> None:
     g = p.add_argument_group("device")
     g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU")
@@ -540,8 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(p)
     _add_search_args(p)
     p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
-    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
-    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    _add_storage_and_out(p)
     p.add_argument("--record", help="also write every measurement to this cache file")
     p.add_argument("--kernels", default="all",
                    help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
@@ -567,8 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
-    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
-    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    _add_storage_and_out(p)
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
     p.set_defaults(fn=cmd_export)
 

@@ -231,10 +231,9 @@ class ProblemTuner:
         no heartbeat, which Optuna never declares stale. Give each other process's trial older
         than the grace period one heartbeat: a live one is unaffected (it beats anyway), a dead
         one turns stale one grace period later and is failed and re-queued like any other."""
-        grace = getattr(self.storage, "grace_period", None) or 2 * self.storage.heartbeat_interval
         if t._trial_id in self._running or t._trial_id in self._adopted or t.datetime_start is None:
             return
-        if (datetime.datetime.now() - t.datetime_start).total_seconds() > grace:
+        if (datetime.datetime.now() - t.datetime_start).total_seconds() > self.storage.grace_period:
             self._adopted.add(t._trial_id)
             self.storage.record_heartbeat(t._trial_id)
 
@@ -438,8 +437,7 @@ class ProblemTuner:
         """A config to measure at slot.M, or None when the study's space is used up."""
         space, dists, study = self.spaces[slot.gemm], self.dists[slot.gemm], slot.study
         if self.shared:
-            _fail_dead_trials(study)
-            self._sync(slot)
+            self._sync(slot)          # fails and re-queues a dead process's trial first
         study.sampler = self._sampler(slot)
         # Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume,
         # a dead process's re-queued trial): the queue is popped first and the path must not fork.

@@ -9,18 +9,6 @@ compare_to_grid = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare_to_grid)
 
 
-def _best_pair(cache, pk, M):
-    best = {}
-    for m in cache.records.values():
-        if m.problem == pk and m.M == M and m.ok:
-            k = (m.gemm, m.config["BLOCK_SIZE_M"])
-            if k not in best or m.time_us < best[k].time_us:
-                best[k] = m
-    bm = min((bm for g, bm in best if g == "gate_up" and ("down", bm) in best),
-             key=lambda bm: best["gate_up", bm].time_us + best["down", bm].time_us)
-    return best["gate_up", bm], best["down", bm]
-
-
 def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h200, qwen397_bf16, capsys):
     from autotune.export.sglang import config_dir, export_problem
     from autotune.select import Choice
@@ -28,7 +16,7 @@ def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h
     (pk, _), = grid_cache.problems.items()
     choices = {}
     for M in qwen397_bf16.batch_sizes:
-        up, down = _best_pair(grid_cache, pk, M)
+        up, down = compare_to_grid.grid_best_pair(grid_cache, pk, M)
         choices[M] = Choice(M, up.config, down.config, up.time_us, down.time_us, "tuned")
     export_problem(tmp_path, h200, qwen397_bf16, choices, run={})
     folder = tmp_path / h200.file_name

@@ -4,6 +4,7 @@ PostgreSQL comes from Debian's package, started by .ci/run (scripts/start-postgr
 exports AUTOTUNE_TEST_POSTGRES; without it these tests skip, unless AUTOTUNE_REQUIRE_POSTGRES=1
 (CI) makes that a failure.
 """
+import functools
 import json
 import os
 import re
@@ -159,14 +160,10 @@ def last_trial_running(study, budget):
     return row[0] if row else None
 
 
-_ENGINE = []
-
-
+@functools.cache
 def _engine():
-    if not _ENGINE:
-        import sqlalchemy
-        _ENGINE.append(sqlalchemy.create_engine(PG.replace("postgresql://", "postgresql+psycopg://", 1)))
-    return _ENGINE[0]
+    import sqlalchemy
+    return sqlalchemy.create_engine(PG.replace("postgresql://", "postgresql+psycopg://", 1))
 
 
 @needs_pg
