@@ -142,9 +142,18 @@ def _open_device(args, kernels=("triton_moe",)):
 
 def _family_options(args, device) -> dict:
     tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
+    from .backends import TABLE
+
+    skip = tuple(b.strip() for b in (getattr(args, "skip_backends", None) or "").split(",") if b.strip())
+    known = sorted({b.name for b in TABLE})
+    unknown = [b for b in skip if b not in known]
+    if unknown:
+        raise UsageError(f"--skip-backends: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
     opts = {"triton_moe": {"space_path": args.search_space}}
+    for name in ("fp8_gemm", "fp4_gemm"):
+        opts[name] = {"skip": skip}
     for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
-        opts[name] = {"triton_config_dir": tuned}
+        opts[name] = {"triton_config_dir": tuned, "skip": skip}
     return opts
 
 
@@ -552,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: all that this GPU supports)")
     p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
                    help="batch-size mix the one-backend-per-server choice optimises (default decode)")
+    p.add_argument("--skip-backends", metavar="NAMES",
+                   help="backends never launched, in every family (e.g. flashinfer_cutlass where its "
+                        "CUTLASS MoE JIT build, ~30 min on 16 cores, is not cached yet)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
     p.set_defaults(fn=cmd_run)

@@ -184,6 +184,9 @@ class _Measurer:
         try:
             with self.gpu():
                 inputs = self._inputs(family, problem, gemm, M)
+                prepare = getattr(family, "prepare", None)   # optional in the protocol
+                if prepare is not None:
+                    prepare(cfg, inputs)
             stage = "compiling"
             t0 = time.perf_counter()
             family.compile(cfg, inputs)

@@ -56,3 +56,19 @@ def test_unknown_family_and_nothing_runnable_exit_2(tmp_path, cache_path, capsys
     assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "fp4_gemm,moe_fp4",
                  "--replay", str(cache_path), "--out", str(tmp_path)]) == 2
     assert "nothing to tune on this device" in capsys.readouterr().err
+
+
+def test_skipped_backend_is_never_measured_and_says_why(tmp_path, cache_path, capsys):
+    # flashinfer_cutlass wins the decode mix above; left out, it is recorded as skipped, not chosen.
+    assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlass") == 0
+    assert "\nmoe-runner-backend: triton\n" in (tmp_path / "out/NVIDIA_H200/server_args.yaml").read_text()
+    details = json.loads((tmp_path / "out/NVIDIA_H200/backend_choice.json").read_text())
+    choice = details["families"]["moe_bf16"]["server_choice"]["decode"]
+    assert choice["skipped"]["flashinfer_cutlass"] == "left out by --skip-backends"
+    per_m = details["families"]["moe_bf16"]["E=512,N=128,K=4096,topk=10,bf16"]["per_M"]
+    assert {c["config"]["backend"] for c in per_m.values()} == {"triton"}
+
+
+def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
+    assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlas") == 2
+    assert "--skip-backends: unknown backend 'flashinfer_cutlas'" in capsys.readouterr().err

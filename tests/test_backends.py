@@ -80,6 +80,10 @@ def test_missing_package_is_a_reason_not_a_crash():
     b = backends.get("fp8_gemm", "deep_gemm")
     a = backends.availability(b, dev(90))
     assert a.ok is False and "deep_gemm" in a.reason
+    # SGLang's Triton FP8 linear lives in a package that imports sgl_kernel on CUDA: without the
+    # wheel it is skipped with that reason, not launched and disqualified as a broken kernel.
+    a = backends.availability(backends.get("fp8_gemm", "triton"), dev(90))
+    assert a.ok is False and a.reason == "needs the 'sgl_kernel' package, not installed"
 
 
 def test_sglang_auto_resolution_per_gpu():
@@ -92,3 +96,20 @@ def test_sglang_auto_resolution_per_gpu():
     assert backends.sglang_auto("fp8_gemm", dev(90), deep_gemm=False) == "triton"
     assert backends.sglang_auto("fp8_gemm", dev(90), deep_gemm=True) == "deep_gemm"
     assert backends.sglang_auto("moe_bf16", dev(90)) == "triton"
+
+
+def test_every_sglang_fp8_linear_a_runner_calls_imports_from_the_pinned_sglang():
+    # On the H200 (2026-12-01) the triton backend failed at its first launch: SGLang's quantization
+    # package imports compressed_tensors, which the environment lacked. The CPU environment pins
+    # the same import closure, so a missing module or a renamed function fails here first.
+    import inspect
+
+    from sglang.srt.layers.quantization import fp8_utils
+
+    from autotune.kernels.fp8_gemm import SGLANG_LINEAR
+
+    selectable = {b.name for b in backends.backends("fp8_gemm") if b.sglang_value}
+    assert set(SGLANG_LINEAR) == selectable
+    for backend, fn in SGLANG_LINEAR.items():
+        params = list(inspect.signature(getattr(fp8_utils, fn)).parameters)
+        assert params[:4] == ["input", "weight", "block_size", "weight_scale"], (backend, params)

@@ -74,3 +74,21 @@ def test_check_output_rejects_nan_and_error():
     assert check_output(torch.tensor([1.0, float("nan"), 1, 1]), ref, 1e-3)[:2] == (False, "1 of 4 outputs NaN/Inf or never written")
     ok, reason, err = check_output(torch.tensor([1.0, 1, 1, 1.5]), ref, 1e-3)
     assert not ok and "relative error" in reason and err == pytest.approx(0.25)
+
+
+def test_tma_layout_reads_only_ids_the_alignment_wrote():
+    # SGLang's alignment writes the first num_tokens_post_padded ids of a worst-case-sized buffer;
+    # the rest is uninitialised (negative garbage gathered out of bounds on the H200, 2026-12-01).
+    fam = TritonMoe()
+    p = PROBLEM
+    inputs = fam.make_inputs(p, "down", 5, routings=1, on_cpu=True)
+    sorted_ids, expert_ids, ntp = cpu_align_block_size(inputs.topk_ids[0], 16, p.E)
+    garbage = torch.tensor([-7, 3, 10**6, 0, -1] * 8, dtype=torch.int32)
+    inputs._aligned[(16, 0)] = (torch.cat([sorted_ids, garbage]), expert_ids, ntp)
+    A = inputs.A[0]
+    out = fam._tma_sorted_A(inputs, 16, 0)
+    n = ntp.item()
+    assert out.shape == (n + len(garbage), A.shape[1])
+    assert torch.count_nonzero(out[n:]) == 0                            # nothing past the written ids
+    for pos, i in enumerate(sorted_ids.tolist()):
+        assert torch.equal(out[pos], A[i] if i < A.shape[0] else torch.zeros_like(A[0]))

@@ -30,6 +30,9 @@ class KernelFamily(Protocol):
 
     def make_inputs(self, problem, gemm: str, M: int, *, seed: int, skew: float, routings: int) -> Any: ...
 
+    def prepare(self, config: dict, inputs: Any) -> None:
+        """Optional: GPU work `config` needs before `compile` (runs under the GPU lock)."""
+
     def compile(self, config: dict, inputs: Any) -> None:
         """Compile what `run` would launch, without launching (runs outside the GPU lock)."""
 

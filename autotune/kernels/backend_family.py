@@ -19,9 +19,18 @@ class BackendFamily:
     name = ""
     gemms = (LAYER,)
 
+    def __init__(self, skip: tuple = ()):
+        # Backends the user left out (--skip-backends), e.g. one whose JIT build this machine
+        # cannot afford: recorded as skipped with that reason, like an unsupported one.
+        self.skip = tuple(skip)
+
     # -- what may run ------------------------------------------------------------------------------
     def availability(self, device: DeviceInfo) -> list:
-        return table.plan(self.name, device, check_imports=device.kind == "gpu")
+        plan = table.plan(self.name, device, check_imports=device.kind == "gpu")
+        for a in plan:
+            if a.ok and a.backend.name in self.skip:
+                a.ok, a.reason = False, "left out by --skip-backends"
+        return plan
 
     def unsupported_reason(self, problem, device: DeviceInfo) -> str | None:
         if device.kind == "cpu-interpreter":
@@ -40,7 +49,7 @@ class BackendFamily:
             b = table.get(self.name, config["backend"])
         except KeyError as e:
             return str(e).strip("'\"")
-        a = table.availability(b, device, check_imports=device.kind == "gpu")
+        a = next(a for a in self.availability(device) if a.backend.name == b.name)
         if not a.ok:
             return a.reason
         if config.get("tactic", -1) != -1 and not b.tactics:

@@ -14,6 +14,12 @@ from .backend_family import BackendFamily, rotate
 from .triton_moe import fp8_blocks, fp8_per_matrix
 
 BLOCK = (128, 128)
+# SGLang's block-FP8 linear function per selectable backend (srt/layers/quantization/fp8_utils.py).
+SGLANG_LINEAR = {
+    "triton": "triton_w8a8_block_fp8_linear",
+    "deep_gemm": "deepgemm_w8a8_block_fp8_linear_with_fallback",
+    "cutlass": "cutlass_w8a8_block_fp8_linear_with_fallback",
+}
 
 
 @dataclass
@@ -65,20 +71,20 @@ class Fp8Gemm(BackendFamily):
         return out
 
     # -- SGLang's block-FP8 linear functions (what --fp8-gemm-backend selects) ---------------------
-    def _sglang_linear(self, fn_name: str, inputs: GemmInputs, i: int):
+    def _sglang_linear(self, backend: str, inputs: GemmInputs, i: int):
         from sglang.srt.layers.quantization import fp8_utils
 
         w, s = inputs.w_block[i]
-        return self._out(inputs, getattr(fp8_utils, fn_name)(inputs.x[i], w, list(BLOCK), s))
+        return self._out(inputs, getattr(fp8_utils, SGLANG_LINEAR[backend])(inputs.x[i], w, list(BLOCK), s))
 
     def run_triton(self, inputs, i, tactic):
-        return self._sglang_linear("triton_w8a8_block_fp8_linear", inputs, i)
+        return self._sglang_linear("triton", inputs, i)
 
     def run_deep_gemm(self, inputs, i, tactic):
-        return self._sglang_linear("deepgemm_w8a8_block_fp8_linear_with_fallback", inputs, i)
+        return self._sglang_linear("deep_gemm", inputs, i)
 
     def run_cutlass(self, inputs, i, tactic):
-        return self._sglang_linear("cutlass_w8a8_block_fp8_linear_with_fallback", inputs, i)
+        return self._sglang_linear("cutlass", inputs, i)
 
     # -- per-tensor references -------------------------------------------------------------------------
     def _quant_x(self, x):

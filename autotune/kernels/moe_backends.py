@@ -37,7 +37,8 @@ class _MoeLayerFamily(BackendFamily):
     dtype = ""              # Problem.dtype this family serves
     tol = 0.02
 
-    def __init__(self, triton_config_dir: str | None = None):
+    def __init__(self, triton_config_dir: str | None = None, skip: tuple = ()):
+        super().__init__(skip)
         # Where the Triton runner's configs come from: a tuned folder, or SGLang's own files.
         self.triton_config_dir = triton_config_dir
         self._triton = TritonMoe()

@@ -322,18 +322,31 @@ class TritonMoe:
         return inputs._aligned[key]
 
     def _tma_sorted_A(self, inputs: MoeInputs, block_m: int, routing: int):
-        """The down GEMM's A in SGLang's TMA layout: rows in expert-sorted, block-padded order."""
+        """The down GEMM's A in SGLang's TMA layout: rows in expert-sorted, block-padded order
+        (what SGLang's gate_up writes with c_sorted). Only the first num_tokens_post_padded ids
+        are written by the alignment op (the buffer is sized for the worst case and the rest is
+        uninitialised memory, negative values included: seen on the H200 as an out-of-bounds
+        gather); padding ids equal the token count. No host sync, so a CUDA graph may hold it."""
         import torch
 
         key = (block_m, routing)
         if key not in inputs._sorted_A:
-            sorted_ids, _, _ = self.aligned(inputs, block_m, routing)
+            sorted_ids, _, ntp = self.aligned(inputs, block_m, routing)
             A = inputs.A[routing]
-            valid = sorted_ids < A.shape[0]
-            out = torch.zeros((sorted_ids.shape[0], A.shape[1]), dtype=A.dtype, device=A.device)
-            out[valid] = A[sorted_ids[valid].long()]
-            inputs._sorted_A[key] = out
+            pos = torch.arange(sorted_ids.shape[0], device=sorted_ids.device)
+            valid = (pos < ntp.reshape(-1)[0]) & (sorted_ids >= 0) & (sorted_ids < A.shape[0])
+            rows = A[torch.where(valid, sorted_ids, 0).long()]
+            inputs._sorted_A[key] = torch.where(valid[:, None], rows, torch.zeros((), dtype=A.dtype, device=A.device))
         return inputs._sorted_A[key]
+
+    def prepare(self, config: dict, inputs: MoeInputs) -> None:
+        """The GPU work a config needs before its compile (the block alignment, the TMA layout
+        of A), done under the worker's GPU lock so the compile that follows launches nothing of
+        ours while another worker times. (SGLang's own per-call activation quantization for FP8
+        still runs in the compile step: a few microseconds, inside its call path.)"""
+        self.aligned(inputs, config["BLOCK_SIZE_M"], 0)
+        if inputs.gemm == "down" and config.get("USE_TMA"):
+            self._tma_sorted_A(inputs, config["BLOCK_SIZE_M"], 0)
 
     def warmup(self, problems: list[Problem], on_cpu: bool = False) -> None:
         """Build, once per machine, the JIT kernels SGLang's path needs for these problems'

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One device call = several steps of device work, each under its own time limit, every log and
+# result under $OUT (the device tool brings back 8 files at most: folders travel as tarballs).
+# Usage on the lent GPU, after `source .carry/setup.sh` (and `.carry-fi/setup.sh` for FlashInfer):
+#   bash scripts/device_steps.sh STEP[:SECONDS] ...   (a step without SECONDS gets the call's rest)
+# Steps:
+#   env        GPU, driver and package versions
+#   triton     issue 2: tune the Qwen3.5-397B TP8 bf16 fused-MoE configs, all 18 M (fresh --out)
+#   fp8        the same for block-FP8 experts (FP8_TAG names a re-run's storage, folder and cache)
+#   harness    issue 4: decode harness, SGLang's configs vs the ones `triton` just wrote
+#   backends   issue 3: fp8_gemm, moe_fp8, moe_bf16 backend choice and server_args.yaml
+# Work files live in $WORK (default /tmp/at); the SQLite study travels back in work.tgz so a
+# later call can resume a run cut short by its limit (carry it and set RESUME=work.tgz).
+set -uo pipefail
+OUT=${OUT:?run through the device tool: \$OUT is where results go}
+WORK=${WORK:-/tmp/at}
+mkdir -p "$WORK"
+[ -n "${RESUME:-}" ] && [ -f "$RESUME" ] && tar -xzf "$RESUME" -C "$WORK"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+at() { python3 -m autotune "$@"; }
+MODEL=(--model qwen3.5-397b-a17b --tp 8)
+STORE=sqlite:///$WORK/autotune.db
+TUNED=$WORK/tuned
+
+step_env() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, triton, optuna, sglang; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| triton', triton.__version__, '| optuna', optuna.__version__, '| sglang', sglang.__version__)"
+  python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
+  nproc
+}
+
+step_triton() {
+  at run "${MODEL[@]}" --dtype bf16 --kernels triton_moe --gpus all --budget "${TRITON_BUDGET:-300s}" \
+     --storage "$STORE" --out "$TUNED" --record "$WORK/run_bf16.jsonl.gz" --quiet
+}
+
+step_fp8() {
+  # The same tuning for block-FP8 experts, in its own storage and folder (a second run of it must
+  # not mix with an earlier one's studies, cache or files).
+  at run "${MODEL[@]}" --dtype fp8_w8a8_block --kernels triton_moe --gpus all --budget "${FP8_BUDGET:-380s}" \
+     --storage "sqlite:///$WORK/fp8${FP8_TAG:-}.db" --out "$WORK/tuned_fp8${FP8_TAG:-}" \
+     --record "$WORK/run_fp8${FP8_TAG:-}.jsonl.gz" --quiet
+}
+
+step_harness() {
+  at validate --engine harness "${MODEL[@]}" --configs "$TUNED/NVIDIA_H200" --out "$WORK/validation" --gate
+}
+
+step_backends() {
+  # FlashInfer's CUTLASS MoE JIT build is ~30 min on 16 cores: over one call, so left out here.
+  at run "${MODEL[@]}" --kernels fp8_gemm,moe_fp8,moe_bf16 --gpus all --storage "$STORE" --out "$TUNED" \
+     --skip-backends flashinfer_cutlass --record "$WORK/backends.jsonl.gz" --quiet
+}
+
+if [ "${1:-}" = __step ]; then step_"$2"; exit; fi
+
+pack() {   # what comes back: logs, and the work folder as one tarball
+  tar -czf "$OUT/work.tgz" -C "$WORK" . 2>/dev/null
+}
+trap pack EXIT
+
+# A step without :SECONDS gets what is left of CALL_LIMIT (the device tool stops a call at 600 s),
+# and is skipped when under a minute is left.
+call_end=$(( $(date +%s) + ${CALL_LIMIT:-585} ))
+for spec in "$@"; do
+  name=${spec%%:*}; limit=${spec#*:}
+  left=$(( call_end - $(date +%s) ))
+  { [ "$limit" = "$spec" ] || [ "$limit" -gt "$left" ]; } && limit=$left
+  if [ "$left" -lt 60 ]; then echo "=== step $name skipped: ${left}s left in this call"; continue; fi
+  echo "=== step $name (limit ${limit}s) $(date -u +%FT%TZ)"
+  t0=$(date +%s)
+  # `timeout` stops a step, not the call: the next steps and the packing still run.
+  timeout -k 10 "$limit" bash "$0" __step "$name" 2>&1 | tee "$OUT/$name.log"
+  echo "=== step $name rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 ))s"
+done
