@@ -69,10 +69,8 @@ TABLE: tuple[Backend, ...] = (
             ("cute_dsl_fused_moe_nvfp4", None)),
     Backend("moe_fp4", "b12x", None, "flashinfer.b12x_fused_moe", ("b12x_fused_moe", None), min_cuda=(13, 0)),
     # --- FP8 dense GEMM (what runs on SM90 too) ---------------------------------------------------
-    # SGLang's quantization package imports sgl_kernel on CUDA (gguf.py), so its Triton linear
-    # needs the AOT wheel although the GEMM itself is Triton (H200, 2026-12-01: ModuleNotFoundError).
     Backend("fp8_gemm", "triton", "triton", "SGLang w8a8_block_fp8_matmul (Triton, block [128, 128])",
-            sms=frozenset({89}) | HOPPER_AND_UP, needs=("sglang", "sgl_kernel")),
+            sms=frozenset({89}) | HOPPER_AND_UP, needs=("sglang",)),
     Backend("fp8_gemm", "deep_gemm", "deep_gemm", "deep_gemm fp8 GEMM (block [128, 128])",
             sms=frozenset({90, 100, 103}), needs=("deep_gemm",)),
     Backend("fp8_gemm", "cutlass", "cutlass", "sgl_kernel fp8_blockwise_scaled_mm",

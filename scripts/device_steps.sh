@@ -48,7 +48,10 @@ step_harness() {
 
 step_backends() {
   # FlashInfer's CUTLASS MoE JIT build is ~30 min on 16 cores: over one call, so left out here.
-  at run "${MODEL[@]}" --kernels fp8_gemm,moe_fp8,moe_bf16 --gpus all --storage "$STORE" --out "$TUNED" \
+  # Its own storage: a resumed work folder must not replay an earlier call's backend measurements
+  # (failures of a missing module included).
+  at run "${MODEL[@]}" --kernels fp8_gemm,moe_fp8,moe_bf16 --gpus all --out "$TUNED" \
+     --storage "sqlite:///$WORK/backends$(date +%s).db" \
      --skip-backends flashinfer_cutlass --record "$WORK/backends.jsonl.gz" --quiet
 }
 

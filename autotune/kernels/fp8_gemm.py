@@ -72,7 +72,10 @@ class Fp8Gemm(BackendFamily):
 
     # -- SGLang's block-FP8 linear functions (what --fp8-gemm-backend selects) ---------------------
     def _sglang_linear(self, backend: str, inputs: GemmInputs, i: int):
-        from sglang.srt.layers.quantization import fp8_utils
+        from .triton_moe import sglang_submodule
+
+        # The quantization package's __init__ imports sgl_kernel on CUDA (gguf.py); fp8_utils does not.
+        fp8_utils = sglang_submodule("sglang.srt.layers.quantization", "fp8_utils")
 
         w, s = inputs.w_block[i]
         return self._out(inputs, getattr(fp8_utils, SGLANG_LINEAR[backend])(inputs.x[i], w, list(BLOCK), s))

@@ -46,29 +46,36 @@ def sglang_context():
 _TRITON_UTILS = "sglang.srt.layers.moe.moe_runner.triton_utils"
 
 
-def triton_utils_module(name: str):
-    """A submodule of SGLang's triton_utils package.
+def sglang_submodule(package: str, name: str, **package_attrs):
+    """`package.name`, also where the package's __init__ cannot import.
 
-    The package's __init__ imports fused_moe, which imports the AOT `sgl_kernel` wheel on CUDA.
-    Where that wheel is absent (it is not needed by the modules we use), the package namespace
-    is registered without running its __init__, with its one function the loader reads,
-    `get_config()` (the `override_config` context), answering "no override" as it does when
-    no override is active.
+    Some SGLang package __init__s import the AOT `sgl_kernel` wheel on CUDA for modules we never
+    use (the lent H200 has no such wheel; it is 373 MB). There the package namespace is
+    registered without running its __init__, carrying `package_attrs` (what the submodule reads
+    from it), and the submodule, SGLang's own code, imports as usual.
     """
     import importlib
     import importlib.util
     import sys
 
     try:
-        return importlib.import_module(f"{_TRITON_UTILS}.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError as e:
         if "sgl_kernel" not in str(e):
             raise
-    spec = importlib.util.find_spec(_TRITON_UTILS)
+    spec = importlib.util.find_spec(package)
     pkg = importlib.util.module_from_spec(spec)
-    pkg.get_config = lambda: None
-    sys.modules[_TRITON_UTILS] = pkg
-    return importlib.import_module(f"{_TRITON_UTILS}.{name}")
+    for k, v in package_attrs.items():
+        setattr(pkg, k, v)
+    sys.modules[package] = pkg
+    return importlib.import_module(f"{package}.{name}")
+
+
+def triton_utils_module(name: str):
+    """A submodule of SGLang's triton_utils package. Its __init__ imports fused_moe (sgl_kernel on
+    CUDA); the one function the loader reads from the package, `get_config()` (the
+    `override_config` context), answers "no override", as it does when none is active."""
+    return sglang_submodule(_TRITON_UTILS, name, get_config=lambda: None)
 
 
 def sglang_config_module():
