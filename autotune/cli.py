@@ -141,9 +141,9 @@ def _open_device(args, kernels=("triton_moe",)):
 
 
 def _family_options(args, device) -> dict:
-    tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
     from .backends import TABLE
 
+    tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
     skip = tuple(b.strip() for b in (getattr(args, "skip_backends", None) or "").split(",") if b.strip())
     known = sorted({b.name for b in TABLE})
     unknown = [b for b in skip if b not in known]
