@@ -72,12 +72,28 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
     if shared:
         kwargs = dict(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
                       heartbeat_stale_trial_callback=_retry_dead_workers_trial)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **kwargs)
-    except Exception as e:
-        raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    for attempt in range(8):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **kwargs)
+        except Exception as e:
+            # Workers started together on a fresh database race to create Optuna's schema; the
+            # losers see "already exists" / a duplicate key. The schema is there a moment later.
+            if attempt < 7 and _lost_schema_race(e):
+                time.sleep(0.2 + random.random() * 0.3 * (attempt + 1))
+                continue
+            raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}") from None
+
+
+def _lost_schema_race(e: Exception) -> bool:
+    """A concurrent CREATE TABLE / CREATE TYPE of another process (PostgreSQL SQLSTATEs
+    unique_violation, duplicate_table, duplicate_object; SQLite's "already exists")."""
+    orig = getattr(e, "orig", None)
+    if getattr(orig, "sqlstate", None) in ("23505", "42P07", "42710"):
+        return True
+    return "already exists" in str(e)
 
 
 def fail_reason(study, number: int, why: str) -> None:

@@ -272,3 +272,31 @@ def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path)
     out, _ = e.communicate(timeout=120)
     assert e.returncode == 0, out
     assert len(list((tmp_path / "out").rglob("E=*.json"))) == 2
+
+
+@needs_pg
+def test_workers_started_together_on_a_fresh_database_all_open_it():
+    # They race to create Optuna's schema (CI, 2026-12-01: "duplicate key value violates unique
+    # constraint pg_type_typname_nsp_index" for 3 of 4 workers); every one must get the storage.
+    import sqlalchemy
+
+    name = f"fresh_{uuid.uuid4().hex[:8]}"
+    server = sqlalchemy.create_engine(PG, isolation_level="AUTOCOMMIT")
+    with server.connect() as c:
+        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    url = PG.rsplit("/", 1)[0] + "/" + name
+    try:
+        start = time.time() + 4      # one moment for all, after every interpreter has started
+        code = ("import sys, time; from autotune.study import open_storage; t = float(sys.argv[2]); "
+                "time.sleep(max(0, t - time.time())); open_storage(sys.argv[1], shared=True); print('opened')")
+        procs = [subprocess.Popen([sys.executable, "-c", code, url, str(start)], cwd=ROOT, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(6)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 6, outs
+        assert all("opened" in o for o in outs)
+        study = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="after")
+        assert study.study_name == "after"
+    finally:
+        server.dispose()
+        with sqlalchemy.create_engine(PG, isolation_level="AUTOCOMMIT").connect() as c:
+            c.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
