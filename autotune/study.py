@@ -72,7 +72,8 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
     if shared:
         kwargs = dict(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
                       heartbeat_stale_trial_callback=_retry_dead_workers_trial)
-    for attempt in range(8):
+    attempts = 8
+    for attempt in range(attempts):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -80,7 +81,7 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
         except Exception as e:
             # Workers started together on a fresh database race to create Optuna's schema; the
             # losers see "already exists" / a duplicate key. The schema is there a moment later.
-            if attempt < 7 and _lost_schema_race(e):
+            if attempt < attempts - 1 and _lost_schema_race(e):
                 time.sleep(0.2 + random.random() * 0.3 * (attempt + 1))
                 continue
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: "

@@ -100,9 +100,9 @@ def test_every_sglang_fp8_linear_a_runner_calls_imports_from_the_pinned_sglang()
     # the same import closure, so a missing module or a renamed function fails here first.
     import inspect
 
-    from sglang.srt.layers.quantization import fp8_utils
+    from autotune.kernels.fp8_gemm import SGLANG_LINEAR, sglang_fp8_utils
 
-    from autotune.kernels.fp8_gemm import SGLANG_LINEAR
+    fp8_utils = sglang_fp8_utils()   # the import the runners use
 
     selectable = {b.name for b in backends.backends("fp8_gemm") if b.sglang_value}
     assert set(SGLANG_LINEAR) == selectable

@@ -297,6 +297,6 @@ def test_workers_started_together_on_a_fresh_database_all_open_it():
         study = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="after")
         assert study.study_name == "after"
     finally:
-        server.dispose()
-        with sqlalchemy.create_engine(PG, isolation_level="AUTOCOMMIT").connect() as c:
+        with server.connect() as c:
             c.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        server.dispose()

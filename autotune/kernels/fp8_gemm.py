@@ -22,6 +22,13 @@ SGLANG_LINEAR = {
 }
 
 
+def sglang_fp8_utils():
+    """SGLang's fp8_utils module. Its package's __init__ imports sgl_kernel on CUDA (gguf.py);
+    fp8_utils itself does not, so it is imported without that __init__ where the wheel is absent."""
+    from .triton_moe import sglang_submodule
+    return sglang_submodule("sglang.srt.layers.quantization", "fp8_utils")
+
+
 @dataclass
 class GemmInputs:
     problem: object
@@ -72,13 +79,8 @@ class Fp8Gemm(BackendFamily):
 
     # -- SGLang's block-FP8 linear functions (what --fp8-gemm-backend selects) ---------------------
     def _sglang_linear(self, backend: str, inputs: GemmInputs, i: int):
-        from .triton_moe import sglang_submodule
-
-        # The quantization package's __init__ imports sgl_kernel on CUDA (gguf.py); fp8_utils does not.
-        fp8_utils = sglang_submodule("sglang.srt.layers.quantization", "fp8_utils")
-
         w, s = inputs.w_block[i]
-        return self._out(inputs, getattr(fp8_utils, SGLANG_LINEAR[backend])(inputs.x[i], w, list(BLOCK), s))
+        return self._out(inputs, getattr(sglang_fp8_utils(), SGLANG_LINEAR[backend])(inputs.x[i], w, list(BLOCK), s))
 
     def run_triton(self, inputs, i, tactic):
         return self._sglang_linear("triton", inputs, i)
