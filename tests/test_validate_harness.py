@@ -139,7 +139,10 @@ def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
     assert {(r["side"], r["x"]) for r in runs} == {(s, m) for s in ("baseline", "tuned") for m in (1, 2)}
     for r in runs:
         m = r["metrics"]
-        assert m["tokens_per_s"] > 0 and 0 < m["moe_share"] <= 1 and m["moe_us"] < m["step_us"] * 1.5
+        # MoE and the whole step are timed separately: on a loaded CPU either can be the slower one, so only
+        # the share's definition is checked, never a timing relation (CI saw MoE at 1.5x the step once)
+        assert m["tokens_per_s"] > 0 and m["moe_us"] > 0 and m["step_us"] > 0
+        assert m["moe_share"] == pytest.approx(min(1.0, m["moe_us"] / m["step_us"]))
     assert [c["point"] for c in rec["comparisons"]] == ["batch 1", "batch 2"]
     assert rec["gate"]["lines"]
 
