@@ -53,6 +53,7 @@ class BackendTuner:
                       "tactic": optuna.distributions.CategoricalDistribution((-1,))}
         self.measured: dict = {M: {} for M in self.Ms}
         self.careful: dict = {}
+        self.unavailable: dict = {}     # (M, config key) -> measurement that could not import its code
         self.measured_now = 0
         self.studies = {}
         for M in self.Ms:
@@ -86,6 +87,9 @@ class BackendTuner:
         def done(task, ms):
             for m in ms:
                 self.measured_now += 1
+                if m.status == records.UNAVAILABLE:      # kept out of the study: a re-run retries it
+                    self.unavailable[m.M, config_key(m.config)] = m
+                    continue
                 self.measured[m.M][config_key(m.config)] = m
                 self.studies[m.M].add_trial(optuna.trial.create_trial(
                     params={"backend": m.config["backend"], "tactic": m.config.get("tactic", -1)},
@@ -117,7 +121,8 @@ class BackendTuner:
                          key=lambda m: m.time_us)
             cands = [m.config for m in oks[: self.top]]
             auto_cfg = {"backend": auto, "tactic": -1}
-            if auto in self.names and auto not in bad and auto_cfg not in cands:
+            if (auto in self.names and auto not in bad and auto_cfg not in cands
+                    and (M, config_key(auto_cfg)) not in self.unavailable):
                 cands.append(auto_cfg)
             plan[M] = cands
         wanted: dict = {}
@@ -129,6 +134,9 @@ class BackendTuner:
         def done(task, ms):
             for m in ms:
                 self.measured_now += 1
+                if m.status == records.UNAVAILABLE:
+                    self.unavailable[m.M, config_key(m.config)] = m
+                    continue
                 self.careful[m.M, config_key(m.config)] = m
                 self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
         run_tasks(self.pool, [self._task(c, Ms, repeats=self.careful_repeats) for c, Ms in wanted.values()], done)
@@ -145,6 +153,13 @@ class BackendTuner:
             choices[M] = Choice(M, best_c, best_m.time_us, auto_m.time_us if auto_m and auto_m.ok else None,
                                 [{"config": c, "time_us": m.time_us} for m, c in scored])
         return choices
+
+    def unavailable_backends(self) -> dict[str, Measurement]:
+        """backend -> its first (lowest M) launch that could not import what it needs."""
+        out: dict = {}
+        for (M, _), m in sorted(self.unavailable.items(), key=lambda kv: kv[0][0]):
+            out.setdefault(m.config["backend"], m)
+        return out
 
     def time_of(self, backend: str, M: int) -> float | None:
         """Best known time of a backend at M (careful re-measurement if any), None if not ok."""
@@ -187,6 +202,9 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
         for b, m in t.disqualified().items():
             bad.setdefault(b, f"{m.status} at M={m.M} on {t.problem.key}: {m.reason}")
     skipped = {a.backend.name: a.reason for a in family.availability(device) if not a.ok}
+    for t in tuners:
+        for b, m in t.unavailable_backends().items():
+            skipped.setdefault(b, f"unavailable on this machine ({m.reason}); not stored, a re-run retries it")
     selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}
     names = set().union(*(t.names for t in tuners)) if tuners else set()
     totals, per_m = {}, 0.0

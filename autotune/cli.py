@@ -290,7 +290,8 @@ def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) ->
             tuner.search()
         _select_and_export(args, tuner, device, clock, t0)
         if args.record:
-            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()))
+            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
+                    careful=tuner.careful.values())
 
 
 def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
@@ -302,6 +303,10 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
     from .export import server_args
     from .report import backend_table, format_table
 
+    try:       # a folder whose choices cannot be merged is refused before anything is measured
+        server_args.check_folder(args.out, device)
+    except server_args.ChoicesError as e:
+        raise UsageError(str(e)) from None
     results, details = [], {}
     for fp in plans:
         tuners = []
@@ -316,23 +321,25 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
             print(format_table(backend_table(t, choices)))
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
+            for b, m in sorted(t.unavailable_backends().items()):
+                print(f"  unavailable {b} (skipped, not stored: a re-run retries it): {m.reason}")
             details.setdefault(fp.name, {})[p.key] = {
                 "per_M": {M: c.to_dict() for M, c in choices.items()},
                 "disqualified": {b: m.to_dict() for b, m in t.disqualified().items()}}
             if args.record:
-                _record(args.record, device, p, (m for d in t.measured.values() for m in d.values()))
+                _record(args.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
+                                                 *t.unavailable.values()], careful=t.careful.values())
         chosen = server_choice(fp.family, device, tuners, args.mix)
         other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
-        details[fp.name]["server_choice"] = {c.mix: {"backend": c.backend, "totals": c.totals, "auto": c.auto,
-                                                     "gain_vs_auto": c.gain_vs_auto, "per_m_gain": c.per_m_gain,
-                                                     "disqualified": c.disqualified, "skipped": c.skipped}
-                                             for c in (chosen, other)}
         print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.backend or 'none eligible'}"
               + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
               + f"; {other.mix} mix: {other.backend or 'none eligible'}")
-        results.append((chosen, fp.family))
-    path = server_args.write(args.out, device, results, args.checkpoint, {"families": details})
+        results.append(([chosen, other], fp.family))
+    try:
+        path = server_args.write(args.out, device, results, args.checkpoint, details)
+    except server_args.ChoicesError as e:
+        raise UsageError(f"server_args.yaml not written: {e}") from None
     print(f"\nwrote {path}")
 
 
@@ -363,7 +370,7 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
     print("  wrote " + "\n  wrote ".join(summary["files"]))
 
 
-def _record(path, device, problem, measurements) -> None:
+def _record(path, device, problem, measurements, careful=()) -> None:
     from .records import Cache, CacheError, read_cache, write_cache
 
     try:
@@ -374,6 +381,9 @@ def _record(path, device, problem, measurements) -> None:
     for m in measurements:
         if m.status != "invalid":
             cache.add(m)
+    for m in careful:
+        if m.status != "invalid":
+            cache.add(m, careful=True)
     write_cache(path, cache)
 
 
@@ -537,6 +547,18 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_merge_choices(args) -> int:
+    from .export import server_args
+
+    try:
+        for src in args.sources:
+            path = server_args.merge_folder(src, args.out)
+    except server_args.ChoicesError as e:
+        raise UsageError(str(e)) from None
+    print(f"merged the backend choices of {', '.join(args.sources)} -> {path}")
+    return 0
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -607,6 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("caches", nargs="+")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(fn=cmd_merge)
+
+    p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
+                                             "one server_args.yaml")
+    p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
+    p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
+    p.set_defaults(fn=cmd_merge_choices)
 
     from .validate.command import add_parser as add_validate_parser
     add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned

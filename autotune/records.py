@@ -23,7 +23,12 @@ RUNTIME_ERROR = "runtime_error"
 CRASH = "crash"
 TIMEOUT = "timeout"
 NOT_RECORDED = "not_recorded"   # replay: the cache has no measurement for this
-STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED)
+# The environment lacks a module the launch imports (an ImportError): the machine's fault, not the
+# backend's. Backend choice shows it as skipped, never disqualifies on it and never stores it in
+# the study, so a re-run on a fixed machine measures the backend.
+UNAVAILABLE = "unavailable"
+STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED,
+            UNAVAILABLE)
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1
@@ -84,16 +89,21 @@ class Cache:
     records: dict = field(default_factory=dict)   # Measurement.key -> Measurement
     problems: dict = field(default_factory=dict)  # Problem.key -> Problem.to_dict()
     notes: dict = field(default_factory=dict)
+    # Re-measurements with more repeats (backend choice re-times its finalists), same keys: a
+    # replay answers a careful task with them, so it makes the decisions the GPU run made.
+    careful: dict = field(default_factory=dict)
 
-    def add(self, m: Measurement) -> None:
+    def add(self, m: Measurement, careful: bool = False) -> None:
         # A later measurement of the same key replaces an earlier one unless the earlier was OK
         # and the later is not (merging partial recordings keeps what worked).
-        old = self.records.get(m.key)
+        book = self.careful if careful else self.records
+        old = book.get(m.key)
         if old is None or m.ok or not old.ok:
-            self.records[m.key] = m
+            book[m.key] = m
 
-    def get(self, problem: str, gemm: str, M: int, config: dict) -> Measurement | None:
-        return self.records.get((problem, gemm, M, config_key(config)))
+    def get(self, problem: str, gemm: str, M: int, config: dict, careful: bool = False) -> Measurement | None:
+        key = (problem, gemm, M, config_key(config))
+        return (self.careful.get(key) if careful else None) or self.records.get(key)
 
 
 def write_cache(path: str | Path, cache: Cache) -> None:
@@ -104,8 +114,9 @@ def write_cache(path: str | Path, cache: Cache) -> None:
     with gzip.open(tmp, "wt", compresslevel=9) as f:
         f.write(json.dumps({"kind": CACHE_KIND, "version": CACHE_VERSION, "device": cache.device,
                             "problems": cache.problems, "notes": cache.notes}) + "\n")
-        for m in sorted(cache.records.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
-            f.write(json.dumps(m.to_dict(), separators=(",", ":")) + "\n")
+        for book, extra in ((cache.records, {}), (cache.careful, {"careful": True})):
+            for m in sorted(book.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
+                f.write(json.dumps({**m.to_dict(), **extra}, separators=(",", ":")) + "\n")
     os.replace(tmp, path)
 
 
@@ -125,7 +136,9 @@ def read_cache(path: str | Path) -> Cache:
             cache = Cache(header["device"], problems=header.get("problems", {}), notes=header.get("notes", {}))
             for line in f:
                 if line.strip():
-                    cache.add(Measurement.from_dict(json.loads(line)))
+                    row = json.loads(line)
+                    careful = row.pop("careful", False)
+                    cache.add(Measurement.from_dict(row), careful=careful)
     except FileNotFoundError:
         raise CacheError(f"measurement cache not found: {path}") from None
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
@@ -146,4 +159,6 @@ def merge_caches(paths: list[str | Path]) -> Cache:
         base.problems.update(other.problems)
         for m in other.records.values():
             base.add(m)
+        for m in other.careful.values():
+            base.add(m, careful=True)
     return base

@@ -52,7 +52,7 @@ class ReplayPool:
         task.id = next(self._ids)
         out = []
         for M in task.Ms:
-            m = self.cache.get(task.problem_key, task.gemm, M, task.config)
+            m = self.cache.get(task.problem_key, task.gemm, M, task.config, careful=bool(task.repeats))
             if m is None:
                 m = failure(task.problem_key, task.gemm, M, task.config, records.NOT_RECORDED,
                             "no measurement of this config at this M in the replay cache")

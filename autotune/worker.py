@@ -61,6 +61,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     """(status, fatal) for an exception raised by a launch."""
     name = type(exc).__name__
     text = f"{name}: {exc}"
+    if isinstance(exc, ImportError):
+        return records.UNAVAILABLE, False
     if name == "OutOfResources" or "out of resource" in text.lower():
         return records.OUT_OF_RESOURCES, False
     if ("CompilationError" in name or "CompileTimeAssertionFailure" in name

@@ -8,6 +8,7 @@ Backends (the SGLang --moe-runner-backend value each stands in for):
   good_fast (flashinfer_cutlass) correct, the winner
   good_slow (triton)             correct, slower; what SGLang's auto picks
   missing   (marlin)             never available here (skipped with a reason)
+  no_module (triton_kernel)      fastest, but its launch cannot import its module on this machine
 """
 import os
 import signal
@@ -18,7 +19,8 @@ from autotune.backends import Availability, Backend
 from autotune.spaces import Space
 
 VALUES = {"nan_at_2": "flashinfer_trtllm", "zeros": "flashinfer_cutedsl", "crash": "deep_gemm", "hang": "cutlass",
-          "good_fast": "flashinfer_cutlass", "good_slow": "triton", "missing": "marlin"}
+          "good_fast": "flashinfer_cutlass", "good_slow": "triton", "missing": "marlin",
+          "no_module": "triton_kernel"}
 SLEEP = {"nan_at_2": 0.0002, "zeros": 0.0002, "good_fast": 0.002, "good_slow": 0.008}
 
 
@@ -68,6 +70,8 @@ class FaultyBackends:
 
     def run(self, config, inputs, routing):
         b = config["backend"]
+        if b == "no_module":
+            import sgl_kernel_that_this_machine_lacks  # noqa: F401
         if b == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if b == "hang":

@@ -26,7 +26,7 @@ def run(tmp_path_factory):
         tuner.measure()
         choices = tuner.select()
     decode = server_choice(fam, DEVICE, [tuner], "decode")
-    path = server_args.write(tmp, DEVICE, [(decode, fam)], None, {"choices": {}})
+    path = server_args.write(tmp, DEVICE, [([decode], fam)], None, {})
     return tuner, choices, decode, path
 
 
@@ -58,7 +58,19 @@ def test_server_args_name_the_winner_and_the_reasons(run):
     for b in ("nan_at_2", "zeros", "crash", "hang"):
         assert f"disqualified {b}:" in text
     assert "skipped missing: needs a GPU" in text
+    assert "skipped no_module: unavailable on this machine (first launch: ModuleNotFoundError: No module named " \
+           "'sgl_kernel_that_this_machine_lacks'); not stored, a re-run retries it" in text
     assert server_args.read_values(path) == {"moe-runner-backend": "flashinfer_cutlass"}
+
+
+def test_a_backend_whose_module_is_missing_is_skipped_and_retried_later(run):
+    """A missing module is the machine's fault: never a disqualification, never stored in the study
+    (session 3 stored one, and every later run on that storage replayed the failure)."""
+    tuner, _, decode, _ = run
+    assert "no_module" not in tuner.disqualified() and "no_module" not in decode.totals
+    assert {M for M, _ in tuner.unavailable} == {1, 2, 64, 1024}
+    stored = [t.params["backend"] for s in tuner.studies.values() for t in s.get_trials(deepcopy=False)]
+    assert "no_module" not in stored and "good_fast" in stored
 
 
 def test_sglang_own_config_loader_accepts_the_file(run):

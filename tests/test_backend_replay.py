@@ -1,9 +1,12 @@
 """`autotune run --kernels ...` for backend choice, end to end against a replayed cache."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from autotune.cli import main
+from autotune.export import server_args
 from autotune.models import Problem
 from autotune.records import Cache, Measurement, write_cache
 
@@ -72,3 +75,96 @@ def test_skipped_backend_is_never_measured_and_says_why(tmp_path, cache_path, ca
 def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
     assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlas") == 2
     assert "--skip-backends: unknown backend 'flashinfer_cutlas'" in capsys.readouterr().err
+
+
+# --- one folder collects the families of several runs -----------------------------------------
+
+FP8_GEMM_GPU = Path(__file__).parent.parent / "benchmarks/data/h200_fp8_gemm_2026-12-01.jsonl.gz"
+
+
+def _fp8_gemm_run(out, db):
+    return main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "fp8_gemm", "--replay",
+                 str(FP8_GEMM_GPU), "--out", str(out), "--storage", f"sqlite:///{db}", "--quiet"])
+
+
+def test_a_later_run_of_another_family_keeps_the_moe_choice(tmp_path, cache_path):
+    assert _run(tmp_path, cache_path) == 0                                  # moe_bf16 (+ fp4_gemm, not here)
+    assert _fp8_gemm_run(tmp_path / "out", tmp_path / "b.db") == 0         # the H200's recorded fp8_gemm
+    folder = tmp_path / "out/NVIDIA_H200"
+    values = server_args.read_values(folder / "server_args.yaml")
+    assert values == {"moe-runner-backend": "flashinfer_cutlass", "fp8-gemm-backend": "triton"}
+    details = json.loads((folder / "backend_choice.json").read_text())
+    assert list(details["families"]) == ["fp8_gemm", "moe_bf16"] and details["checkpoint"] == "moe_bf16"
+    fp8 = details["families"]["fp8_gemm"]["server_choice"]["decode"]
+    assert fp8["backend"] == "triton" and fp8["sglang_values"]["torch_scaled_mm"] is None
+    # a re-run of one family replaces its section only
+    assert _run(tmp_path, cache_path, "--mix", "prefill", "--storage", f"sqlite:///{tmp_path / 'c.db'}") == 0
+    values = server_args.read_values(folder / "server_args.yaml")
+    assert values == {"moe-runner-backend": "triton", "fp8-gemm-backend": "triton"}
+    text = (folder / "server_args.yaml").read_text()
+    assert text.count("measured on replay") == 2 and "prefill mix (M >= 512)" in text
+
+
+def test_a_folder_of_another_gpu_or_unreadable_is_refused_and_kept(tmp_path, cache_path, capsys):
+    folder = tmp_path / "out/NVIDIA_H200"
+    folder.mkdir(parents=True)
+    other = {"device": {"name": "NVIDIA B200", "sm": 100, "smem_optin": 232448}, "date": "x", "families": {}}
+    for text, msg in ((json.dumps(other), "holds choices for NVIDIA B200, not NVIDIA H200"),
+                      ("{not json", "cannot be read")):
+        (folder / "backend_choice.json").write_text(text)
+        assert _run(tmp_path, cache_path) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1
+        assert (folder / "backend_choice.json").read_text() == text and not (folder / "server_args.yaml").exists()
+
+
+def test_merge_choices_folds_separate_runs_into_one_file(tmp_path, cache_path, capsys):
+    assert _run(tmp_path / "a", cache_path) == 0
+    assert _fp8_gemm_run(tmp_path / "b", tmp_path / "b.db") == 0
+    # files written before sections stored their SGLang values and provenance still merge
+    old = tmp_path / "b/NVIDIA_H200/backend_choice.json"
+    d = json.loads(old.read_text())
+    for entry in d["families"].values():
+        entry.pop("measured"), entry.pop("chosen_mix")
+        for rec in entry["server_choice"].values():
+            rec.pop("sglang_values")
+    old.write_text(json.dumps(d))
+    assert main(["merge-choices", str(tmp_path / "a/out/NVIDIA_H200"), str(old), "--out", str(tmp_path / "m")]) == 0
+    yaml_path = tmp_path / "m/NVIDIA_H200/server_args.yaml"
+    assert server_args.read_values(yaml_path) == {"moe-runner-backend": "flashinfer_cutlass",
+                                                  "fp8-gemm-backend": "triton"}
+    # the old file's "not selectable" tags come from the backend table
+    assert re.search(r"torch_scaled_mm: [0-9.]+ us \(1\.[0-9]+x the chosen\)  \[not selectable in SGLang\]",
+                     yaml_path.read_text())
+    before = yaml_path.read_text()
+    empty, broken = tmp_path / "empty.json", tmp_path / "broken.json"
+    empty.write_text(json.dumps({"device": {"name": "NVIDIA H200", "sm": 90, "smem_optin": 1}, "families": {}}))
+    broken.write_text('{"device": ')
+    for src, msg in ((empty, "holds no backend choices"), (broken, "cannot be read"), (tmp_path / "nope", "no such")):
+        assert main(["merge-choices", str(src), "--out", str(tmp_path / "m")]) == 2
+        assert msg in capsys.readouterr().err and yaml_path.read_text() == before
+
+
+def test_careful_remeasurements_are_recorded_and_replayed(tmp_path, cache_path):
+    """Backend choice re-times its finalists with more repeats and decides on those numbers; the
+    record keeps them apart, so a replay of the record makes the GPU run's decisions again."""
+    from autotune.records import read_cache
+
+    c = read_cache(cache_path)
+    for m in list(c.records.values()):                 # re-timed: triton is the faster one everywhere
+        if m.config["backend"] == "flashinfer_cutlass":
+            c.add(Measurement(**{**m.__dict__, "time_us": TIMES["triton"](m.M) * 1.1, "samples": 21}), careful=True)
+    write_cache(cache_path, c)
+    rec = tmp_path / "rec.jsonl.gz"
+    assert _run(tmp_path, cache_path, "--record", str(rec)) == 0
+    first = (tmp_path / "out/NVIDIA_H200/server_args.yaml").read_text()
+    assert "\nmoe-runner-backend: triton\n" in first           # the careful numbers decided, not the first pass
+    again = read_cache(rec)
+    # every careful number the run decided on is in its record (triton's: the first pass, all this cache had)
+    assert {k: again.careful[k].time_us for k in c.careful} == {k: m.time_us for k, m in c.careful.items()}
+    assert len(again.careful) == 2 * len(MS)
+    assert _run(tmp_path / "2", rec, "--storage", f"sqlite:///{tmp_path / 'r.db'}") == 0
+    second = (tmp_path / "2/out/NVIDIA_H200/server_args.yaml").read_text()
+    def numbers(text):   # all but the lines naming a date or the folder
+        return [l for l in text.splitlines() if not l.startswith(("# autotune:", "# load with:", "#   measured on"))]
+    assert numbers(second) == numbers(first) and "#   flashinfer_cutlass: 49.1 us (1.100x the chosen)" in first

@@ -1,73 +1,175 @@
 """server_args.yaml: the backend choices as SGLang's `--config` file, every line explained.
 
 One key per server flag. Several MoE families map to the same flag (--moe-runner-backend): the
-file carries the one matching the checkpoint's expert precision (`moe_family`), the others stay
+file carries the one matching the checkpoint's expert precision (`checkpoint`), the others stay
 as comments so one file serves whoever reads it. The full numbers go to backend_choice.json.
+
+A folder collects the families of every run made into it: a later `--kernels fp8_gemm` run
+replaces the fp8_gemm section and keeps the MoE choice an earlier run wrote (each section says
+when and on what it was measured). The YAML is always rendered from backend_choice.json.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
 from ..fsutil import write_atomic, write_json
-from ..backends import FAMILY_FLAGS
+from ..backends import FAMILIES, FAMILY_FLAGS
 
 SERVER_ARGS = "server_args.yaml"
 DETAILS = "backend_choice.json"
 MIX_TEXT = {"decode": "decode mix (M <= 64)", "prefill": "prefill mix (M >= 512)"}
 
 
-def _lines(c: ServerChoice, family) -> list[str]:
-    out = [f"# {c.family}: {MIX_TEXT.get(c.mix, c.mix)}, time summed over the model's problems"]
-    for b, total in sorted(c.totals.items(), key=lambda kv: kv[1]):
-        tags = []
-        if b == c.backend:
-            tags.append("chosen")
-        if b == c.auto:
-            tags.append("SGLang auto")
-        if not family.sglang_value(b):
-            tags.append("not selectable in SGLang")
-        ratio = f" ({total / c.totals[c.backend]:.3f}x the chosen)" if c.backend and b != c.backend else ""
+class ChoicesError(ValueError):
+    """A backend_choice.json that cannot be merged (unreadable, another device)."""
+
+
+def choice_record(c: ServerChoice, family) -> dict:
+    """What backend_choice.json keeps of one mix's choice: enough to render its section again."""
+    names = set(c.totals) | {b for b in (c.backend, c.auto) if b}
+    return {"backend": c.backend, "totals": c.totals, "auto": c.auto, "gain_vs_auto": c.gain_vs_auto,
+            "per_m_gain": c.per_m_gain, "per_m_total": c.per_m_total, "disqualified": c.disqualified,
+            "skipped": c.skipped, "sglang_values": {b: family.sglang_value(b) for b in sorted(names)}}
+
+
+def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
+    values = rec.get("sglang_values")
+    if values is not None:
+        return values.get(backend)
+    from .. import backends as table     # files from before sglang_values were stored
+
+    try:
+        return table.get(family, backend).sglang_value
+    except KeyError:
+        return None
+
+
+def _section(family: str, entry: dict) -> tuple[list[str], str | None]:
+    """Comment lines of one family's chosen mix, and the flag's value (None: SGLang's default stays)."""
+    mix = entry.get("chosen_mix") or next(iter(entry["server_choice"]))
+    rec = entry["server_choice"][mix]
+    backend, totals, auto = rec["backend"], rec["totals"], rec["auto"]
+    measured = entry.get("measured", {})
+    out = [f"# {family}: {MIX_TEXT.get(mix, mix)}, time summed over the model's problems",
+           f"#   measured on {measured.get('on', '?')}, {measured.get('date', '?')}"]
+    for b, total in sorted(totals.items(), key=lambda kv: kv[1]):
+        tags = [t for t, yes in (("chosen", b == backend), ("SGLang auto", b == auto),
+                                 ("not selectable in SGLang", not _sglang_value(rec, family, b))) if yes]
+        ratio = f" ({total / totals[backend]:.3f}x the chosen)" if backend and b != backend else ""
         out.append(f"#   {b}: {total:.1f} us{ratio}" + (f"  [{', '.join(tags)}]" if tags else ""))
-    if c.gain_vs_auto is not None:
-        out.append(f"#   gain over SGLang's auto ({c.auto}): {c.gain_vs_auto:.3f}x")
-    elif c.auto:
-        why = c.disqualified.get(c.auto) or c.skipped.get(c.auto) or "not measured on every problem"
-        out.append(f"#   SGLang's auto ({c.auto}) is not usable here: {why}")
-    if c.per_m_gain is not None:
-        out.append(f"#   choosing per M instead of one backend would gain {c.per_m_gain:.3f}x")
-    for b, why in sorted(c.disqualified.items()):
-        out.append(f"#   disqualified {b}: {why}")
-    for b, why in sorted(c.skipped.items()):
-        out.append(f"#   skipped {b}: {why}")
-    return out
+    if rec.get("gain_vs_auto") is not None:
+        out.append(f"#   gain over SGLang's auto ({auto}): {rec['gain_vs_auto']:.3f}x")
+    elif auto:
+        why = rec["disqualified"].get(auto) or rec["skipped"].get(auto) or "not measured on every problem"
+        out.append(f"#   SGLang's auto ({auto}) is not usable here: {why}")
+    if rec.get("per_m_gain") is not None:
+        out.append(f"#   choosing per M instead of one backend would gain {rec['per_m_gain']:.3f}x"
+                   " (counting backends SGLang cannot select)")
+    out += [f"#   disqualified {b}: {why}" for b, why in sorted(rec["disqualified"].items())]
+    out += [f"#   skipped {b}: {why}" for b, why in sorted(rec["skipped"].items())]
+    return out, (_sglang_value(rec, family, backend) if backend else None)
 
 
-def write(out: str | Path, device: DeviceInfo, choices: list[tuple[ServerChoice, object]],
-          moe_family: str | None, details: dict) -> Path:
-    """`choices`: (ServerChoice, family) pairs. Returns the YAML path."""
-    folder = Path(out) / device.file_name
-    lines = [f"# autotune: SGLang server arguments for {device.name} (SM{device.sm}), {utc_now()}",
-             f"# measured on: {device.kind}" + (" (replayed from a recorded cache)" if device.is_replay else ""),
-             f"# load with: python -m sglang.launch_server --config {folder / SERVER_ARGS} ...", ""]
-    moe = [c for c, _ in choices if FAMILY_FLAGS[c.family] == "moe-runner-backend"]
-    keep_moe = moe_family or (moe[0].family if moe else None)
-    for c, family in choices:
-        flag = FAMILY_FLAGS[c.family]
-        lines += _lines(c, family)
-        value = family.sglang_value(c.backend) if c.backend else None
+def render(details: dict, path: str | Path) -> str:
+    """server_args.yaml (to be written at `path`) from a backend_choice.json's content."""
+    device = DeviceInfo.from_dict(details["device"])
+    families = details["families"]
+    checkpoint = details.get("checkpoint")
+    lines = [f"# autotune: SGLang server arguments for {device.name} (SM{device.sm}), {details['date']}",
+             f"# families: {', '.join(families)}; MoE runner line for: {checkpoint or '-'}",
+             f"# load with: python -m sglang.launch_server --config {path} ...",
+             ""]
+    for name, entry in families.items():
+        flag = FAMILY_FLAGS.get(name, name)
+        comments, value = _section(name, entry)
+        lines += comments
         if value is None:
             lines.append(f"# {flag}: no backend SGLang can select ran correctly everywhere; SGLang's default stays")
-        elif flag == "moe-runner-backend" and c.family != keep_moe:
-            lines.append(f"# {flag}: {value}    # for {c.family.split('_', 1)[1]} experts (this file is for {keep_moe})")
+        elif flag == "moe-runner-backend" and name != checkpoint:
+            lines.append(f"# {flag}: {value}    # for {name.split('_', 1)[1]} experts (this file is for {checkpoint})")
         else:
             lines.append(f"{flag}: {value}")
         lines.append("")
+    return "\n".join(lines)
+
+
+def _existing(folder: Path, device: DeviceInfo) -> dict:
+    path = folder / DETAILS
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+        old_name, families = old["device"]["name"], old["families"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ChoicesError(f"{path} cannot be read ({e}); move it away to start this folder afresh") from None
+    if old_name != device.name:
+        raise ChoicesError(f"{path} holds choices for {old_name}, not {device.name}")
+    for entry in families.values():        # written before sections carried their own provenance
+        entry.setdefault("measured", {"on": DeviceInfo.from_dict(old["device"]).kind, "date": old.get("date", "?")})
+    return old
+
+
+def check_folder(out: str | Path, device: DeviceInfo) -> None:
+    """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
+    _existing(Path(out) / device.file_name, device)
+
+
+def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
+    """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) into
+    the folder's backend_choice.json, replacing those families and keeping the others, and render
+    server_args.yaml from the result. Returns the YAML path."""
+    folder = Path(out) / device.file_name
+    old = _existing(folder, device)
+    merged = {**old.get("families", {}), **families}
+    merged = {n: merged[n] for n in sorted(merged, key=lambda n: (FAMILIES.index(n) if n in FAMILIES else 99, n))}
+    moe = [n for n in merged if FAMILY_FLAGS.get(n) == "moe-runner-backend"]
+    new_moe = [n for n in families if n in moe]
+    # the explicit choice, else this run's MoE family, else what the folder said before
+    keep = checkpoint or (new_moe[0] if new_moe else None) or old.get("checkpoint")
+    details = {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES),
+               "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
     path = folder / SERVER_ARGS
-    write_atomic(path, "\n".join(lines))
-    write_json(folder / DETAILS, {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES), **details})
+    text = render(details, path)
+    write_json(folder / DETAILS, details)
+    write_atomic(path, text)
     return path
+
+
+def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerChoice], object]],
+          moe_family: str | None, problems: dict) -> Path:
+    """One run's results: per family, (its ServerChoices, the chosen one first; the family);
+    `problems`: family name -> per-problem details. Merged into what the folder holds."""
+    measured = {"on": device.kind + (" (replayed from a recorded cache)" if device.is_replay else ""),
+                "date": utc_now()}
+    families = {}
+    for choices, family in results:
+        name = choices[0].family
+        families[name] = {**problems.get(name, {}), "chosen_mix": choices[0].mix, "measured": measured,
+                          "server_choice": {c.mix: choice_record(c, family) for c in choices}}
+    return merge(out, device, families, moe_family)
+
+
+def merge_folder(src: str | Path, out: str | Path) -> Path:
+    """Fold another folder's (or backend_choice.json's) families into `out`/<device>: how the
+    results of separate runs on one GPU model (one per kernel family, say) become one file."""
+    src = Path(src)
+    path = src / DETAILS if src.is_dir() else src
+    try:
+        other = json.loads(path.read_text())
+        device = DeviceInfo.from_dict(other["device"])
+        families = other["families"]
+    except FileNotFoundError:
+        raise ChoicesError(f"{path}: no such file") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ChoicesError(f"{path} cannot be read ({e})") from None
+    if not families:
+        raise ChoicesError(f"{path} holds no backend choices")
+    for entry in families.values():
+        entry.setdefault("measured", {"on": device.kind, "date": other.get("date", "?")})
+    return merge(out, device, families, other.get("checkpoint"))
 
 
 def read_values(path: str | Path) -> dict:
