@@ -203,6 +203,10 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
             bad.setdefault(b, f"{m.status} at M={m.M} on {t.problem.key}: {m.reason}")
     skipped = {a.backend.name: a.reason for a in family.availability(device) if not a.ok}
     for t in tuners:
+        for b in t.names:       # a replay of a cache that never measured this backend
+            ms = [t.measured[M].get(config_key({"backend": b, "tactic": -1})) for M in t.Ms]
+            if all(m is not None and m.status == records.NOT_RECORDED for m in ms):
+                skipped.setdefault(b, "not in the replay cache")
         for b, m in t.unavailable_backends().items():
             skipped.setdefault(b, f"unavailable on this machine ({m.reason}); not stored, a re-run retries it")
     selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}

@@ -106,14 +106,14 @@ def _open_device(args, kernels=("triton_moe",)):
     every requested family on it, and the measuring pool (its first worker warms the JIT builds
     those plans need)."""
     from . import device as devmod
-    from .records import CacheError, read_cache
+    from .records import CacheError, merge_caches
     from .replay import ReplayPool
     from .worker import Settings, WorkerPool
 
     cache = None
     if args.replay:
         try:
-            cache = read_cache(args.replay)
+            cache = merge_caches([p for p in args.replay.split(",") if p])
         except CacheError as e:
             raise UsageError(str(e))
         pool = ReplayPool(cache, realtime=getattr(args, "replay_realtime", 0.0) or 0.0)
@@ -173,7 +173,8 @@ def _add_storage_and_out(p) -> None:
 
 def _add_device_args(p) -> None:
     g = p.add_argument_group("device")
-    g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU")
+    g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU (several "
+                   "recordings of one GPU model: comma-separated, merged)")
     g.add_argument("--gpus", default="0", help="GPU indices to use, or 'all'")
     g.add_argument("--workers", type=int, help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a trial is killed")

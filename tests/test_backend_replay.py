@@ -168,3 +168,18 @@ def test_careful_remeasurements_are_recorded_and_replayed(tmp_path, cache_path):
     def numbers(text):   # all but the lines naming a date or the folder
         return [l for l in text.splitlines() if not l.startswith(("# autotune:", "# load with:", "#   measured on"))]
     assert numbers(second) == numbers(first) and "#   flashinfer_cutlass: 49.1 us (1.100x the chosen)" in first
+
+
+def test_several_recordings_replay_as_one_and_unrecorded_backends_say_so(tmp_path, cache_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "moe_bf16,fp8_gemm",
+                 "--replay", f"{cache_path},{FP8_GEMM_GPU}", "--out", str(out),
+                 "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet"]) == 0
+    text = (out / "NVIDIA_H200/server_args.yaml").read_text()
+    assert server_args.read_values(out / "NVIDIA_H200/server_args.yaml") == {
+        "moe-runner-backend": "flashinfer_cutlass", "fp8-gemm-backend": "triton"}
+    # deep_gemm was never recorded (not installed on the H200 that made the recording)
+    assert "#   skipped deep_gemm: not in the replay cache" in text
+    assert main(["run", "--kernels", "moe_bf16", "--replay", f"{cache_path},{tmp_path / 'nope.jsonl.gz'}",
+                 "--out", str(out)]) == 2
+    assert "measurement cache not found" in capsys.readouterr().err
