@@ -109,12 +109,14 @@ def test_a_folder_of_another_gpu_or_unreadable_is_refused_and_kept(tmp_path, cac
     folder = tmp_path / "out/NVIDIA_H200"
     folder.mkdir(parents=True)
     other = {"device": {"name": "NVIDIA B200", "sm": 100, "smem_optin": 232448}, "date": "x", "families": {}}
+    mangled = {**other, "device": H200, "families": {"moe_fp8": {"server_choice": {}}}}
     for text, msg in ((json.dumps(other), "holds choices for NVIDIA B200, not NVIDIA H200"),
-                      ("{not json", "cannot be read")):
+                      ("{not json", "cannot be read"), (json.dumps(mangled), "without a readable choice")):
         (folder / "backend_choice.json").write_text(text)
         assert _run(tmp_path, cache_path) == 2
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert msg in err and err.count("\n") == 1
+        assert "moe_bf16 E=512" not in out                        # refused before anything was measured
         assert (folder / "backend_choice.json").read_text() == text and not (folder / "server_args.yaml").exists()
 
 

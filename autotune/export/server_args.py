@@ -112,9 +112,21 @@ def _existing(folder: Path, device: DeviceInfo) -> dict:
     return old
 
 
+def _render_checked(details: dict, path: Path) -> str:
+    try:
+        return render(details, path)
+    except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as e:
+        raise ChoicesError(f"{path.parent / DETAILS} holds a family without a readable choice "
+                           f"({type(e).__name__}: {e}); move it away to start this folder afresh") from None
+
+
 def check_folder(out: str | Path, device: DeviceInfo) -> None:
     """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
-    _existing(Path(out) / device.file_name, device)
+    folder = Path(out) / device.file_name
+    old = _existing(folder, device)
+    if old:
+        _render_checked({**old, "device": device.to_dict(), "date": "", "checkpoint": old.get("checkpoint")},
+                        folder / SERVER_ARGS)
 
 
 def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
@@ -132,7 +144,7 @@ def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str |
     details = {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES),
                "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
     path = folder / SERVER_ARGS
-    text = render(details, path)
+    text = _render_checked(details, path)
     write_json(folder / DETAILS, details)
     write_atomic(path, text)
     return path
