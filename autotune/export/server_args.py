@@ -125,8 +125,7 @@ def check_folder(out: str | Path, device: DeviceInfo) -> None:
     folder = Path(out) / device.file_name
     old = _existing(folder, device)
     if old:
-        _render_checked({**old, "device": device.to_dict(), "date": "", "checkpoint": old.get("checkpoint")},
-                        folder / SERVER_ARGS)
+        _render_checked({"date": "", **old}, folder / SERVER_ARGS)
 
 
 def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
