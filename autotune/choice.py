@@ -87,8 +87,7 @@ class BackendTuner:
         def done(task, ms):
             for m in ms:
                 self.measured_now += 1
-                if m.status == records.UNAVAILABLE:      # kept out of the study: a re-run retries it
-                    self.unavailable[m.M, config_key(m.config)] = m
+                if self._set_aside(m):
                     continue
                 self.measured[m.M][config_key(m.config)] = m
                 self.studies[m.M].add_trial(optuna.trial.create_trial(
@@ -134,8 +133,7 @@ class BackendTuner:
         def done(task, ms):
             for m in ms:
                 self.measured_now += 1
-                if m.status == records.UNAVAILABLE:
-                    self.unavailable[m.M, config_key(m.config)] = m
+                if self._set_aside(m):
                     continue
                 self.careful[m.M, config_key(m.config)] = m
                 self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
@@ -154,11 +152,29 @@ class BackendTuner:
                                 [{"config": c, "time_us": m.time_us} for m, c in scored])
         return choices
 
+    def _set_aside(self, m: Measurement) -> bool:
+        """A launch that could not import its code is kept out of the study (a re-run retries it)."""
+        if m.status != records.UNAVAILABLE:
+            return False
+        self.unavailable[m.M, config_key(m.config)] = m
+        return True
+
     def unavailable_backends(self) -> dict[str, Measurement]:
         """backend -> its first (lowest M) launch that could not import what it needs."""
         out: dict = {}
         for (M, _), m in sorted(self.unavailable.items(), key=lambda kv: kv[0][0]):
             out.setdefault(m.config["backend"], m)
+        return out
+
+    def skipped_here(self) -> dict[str, str]:
+        """backend -> why it has no time on this machine or cache, though the table allows it."""
+        out = {}
+        for b in self.names:
+            ms = [self.measured[M].get(config_key({"backend": b, "tactic": -1})) for M in self.Ms]
+            if all(m is not None and m.status == records.NOT_RECORDED for m in ms):
+                out[b] = "not in the replay cache"
+        for b, m in self.unavailable_backends().items():
+            out.setdefault(b, f"unavailable on this machine ({m.reason}); not stored, a re-run retries it")
         return out
 
     def time_of(self, backend: str, M: int) -> float | None:
@@ -203,12 +219,8 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
             bad.setdefault(b, f"{m.status} at M={m.M} on {t.problem.key}: {m.reason}")
     skipped = {a.backend.name: a.reason for a in family.availability(device) if not a.ok}
     for t in tuners:
-        for b in t.names:       # a replay of a cache that never measured this backend
-            ms = [t.measured[M].get(config_key({"backend": b, "tactic": -1})) for M in t.Ms]
-            if all(m is not None and m.status == records.NOT_RECORDED for m in ms):
-                skipped.setdefault(b, "not in the replay cache")
-        for b, m in t.unavailable_backends().items():
-            skipped.setdefault(b, f"unavailable on this machine ({m.reason}); not stored, a re-run retries it")
+        for b, why in t.skipped_here().items():
+            skipped.setdefault(b, why)
     selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}
     names = set().union(*(t.names for t in tuners)) if tuners else set()
     totals, per_m = {}, 0.0

@@ -379,12 +379,10 @@ def _record(path, device, problem, measurements, careful=()) -> None:
     except CacheError:
         cache = Cache(device.to_dict())
     cache.problems[problem.key] = problem.to_dict()
-    for m in measurements:
-        if m.status != "invalid":
-            cache.add(m)
-    for m in careful:
-        if m.status != "invalid":
-            cache.add(m, careful=True)
+    for ms, is_careful in ((measurements, False), (careful, True)):
+        for m in ms:
+            if m.status != "invalid":
+                cache.add(m, careful=is_careful)
     write_cache(path, cache)
 
 

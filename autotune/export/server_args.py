@@ -96,19 +96,27 @@ def render(details: dict, path: str | Path) -> str:
     return "\n".join(lines)
 
 
+def _read(path: Path) -> dict:
+    """A backend_choice.json, its families' provenance filled in where an older file lacks it."""
+    try:
+        choices = json.loads(path.read_text())
+        kind, families = DeviceInfo.from_dict(choices["device"]).kind, choices["families"]
+    except FileNotFoundError:
+        raise ChoicesError(f"{path}: no such file") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ChoicesError(f"{path} cannot be read ({e}); move it away to start this folder afresh") from None
+    for entry in families.values():        # written before sections carried their own provenance
+        entry.setdefault("measured", {"on": kind, "date": choices.get("date", "?")})
+    return choices
+
+
 def _existing(folder: Path, device: DeviceInfo) -> dict:
     path = folder / DETAILS
     if not path.exists():
         return {}
-    try:
-        old = json.loads(path.read_text())
-        old_name, families = old["device"]["name"], old["families"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ChoicesError(f"{path} cannot be read ({e}); move it away to start this folder afresh") from None
-    if old_name != device.name:
-        raise ChoicesError(f"{path} holds choices for {old_name}, not {device.name}")
-    for entry in families.values():        # written before sections carried their own provenance
-        entry.setdefault("measured", {"on": DeviceInfo.from_dict(old["device"]).kind, "date": old.get("date", "?")})
+    old = _read(path)
+    if old["device"]["name"] != device.name:
+        raise ChoicesError(f"{path} holds choices for {old['device']['name']}, not {device.name}")
     return old
 
 
@@ -167,20 +175,10 @@ def merge_folder(src: str | Path, out: str | Path) -> Path:
     """Fold another folder's (or backend_choice.json's) families into `out`/<device>: how the
     results of separate runs on one GPU model (one per kernel family, say) become one file."""
     src = Path(src)
-    path = src / DETAILS if src.is_dir() else src
-    try:
-        other = json.loads(path.read_text())
-        device = DeviceInfo.from_dict(other["device"])
-        families = other["families"]
-    except FileNotFoundError:
-        raise ChoicesError(f"{path}: no such file") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ChoicesError(f"{path} cannot be read ({e})") from None
-    if not families:
-        raise ChoicesError(f"{path} holds no backend choices")
-    for entry in families.values():
-        entry.setdefault("measured", {"on": device.kind, "date": other.get("date", "?")})
-    return merge(out, device, families, other.get("checkpoint"))
+    other = _read(src / DETAILS if src.is_dir() else src)
+    if not other["families"]:
+        raise ChoicesError(f"{src} holds no backend choices")
+    return merge(out, DeviceInfo.from_dict(other["device"]), other["families"], other.get("checkpoint"))
 
 
 def read_values(path: str | Path) -> dict:
