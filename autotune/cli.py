@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -149,7 +150,12 @@ def _family_options(args, device) -> dict:
     unknown = [b for b in skip if b not in known]
     if unknown:
         raise UsageError(f"--skip-backends: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-    opts = {"triton_moe": {"space_path": args.search_space}}
+    from .sglang_versions import VersionError, parse_targets
+    try:
+        targets = parse_targets(getattr(args, "sglang_version", None))
+    except VersionError as e:
+        raise UsageError(str(e)) from None
+    opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": targets}}
     for name in ("fp8_gemm", "fp4_gemm"):
         opts[name] = {"skip": skip}
     for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
@@ -164,6 +170,10 @@ def _add_search_args(p) -> None:
     g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
     g.add_argument("--study", help="run name the studies are filed under (default: the GPU's name)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--sglang-version", metavar="VERSIONS",
+                   help="SGLang release(s) that will load the files: 0.5.16, a list 0.5.16,0.5.23 or a range "
+                        "0.5.16-0.5.23 (default: the installed one); configs an older release cannot run "
+                        "(up-projection USE_TMA before 0.5.18) are never chosen")
 
 
 def _add_storage_and_out(p) -> None:
@@ -360,7 +370,7 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
                 "storage": safe_url(args.storage or "sqlite:///autotune.db"),
                 "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
     try:
-        summary = export_problem(args.out, device, p, choices, run_info)
+        summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
     except ExportError as e:
         raise UsageError(str(e))
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
@@ -546,6 +556,24 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_rank_model(args) -> int:
+    """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
+    from . import models
+    from .validate.rank_model import load_hf_config, qwen35_hf_config, write_rank_model
+
+    if bool(args.model) == bool(args.model_config):
+        raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
+    hf = (load_hf_config(args.model_config) if args.model_config
+          else qwen35_hf_config(models.select_models(model=args.model)[0]))
+    folder = write_rank_model(args.out, hf, args.tp, args.layers, args.fp8_block)
+    text = json.loads((folder / "config.json").read_text())
+    text = text.get("text_config", text)
+    print(f"wrote {folder}: one tp{args.tp} rank, {text.get('num_hidden_layers')} layers, experts "
+          f"{text.get('num_experts')} x moe_intermediate_size {text.get('moe_intermediate_size')}; serve it with "
+          "--tp 1 --load-format dummy")
+    return 0
+
+
 def cmd_merge_choices(args) -> int:
     from .export import server_args
 
@@ -634,6 +662,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
     p.set_defaults(fn=cmd_merge_choices)
+
+    p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
+                                          "(SGLang serves it on one GPU with --load-format dummy)")
+    p.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
+    p.add_argument("--model-config", help="any HF config.json (or its folder)")
+    p.add_argument("--tp", type=int, required=True, help="the deployment's tensor-parallel size")
+    p.add_argument("--layers", type=int, help="keep only this many layers (default: all)")
+    p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
+    p.add_argument("--out", required=True, help="folder to write")
+    p.set_defaults(fn=cmd_rank_model)
 
     from .validate.command import add_parser as add_validate_parser
     add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned

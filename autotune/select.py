@@ -63,7 +63,8 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
             tuner.ok_measurements("gate_up", M), tuner.ok_measurements("down", M), top)]
         for name in BASELINES:
             pair = tuner.baselines.get(M, {}).get(name)
-            if pair and (name != "shipped" or tuner.settings.use_shipped):
+            if pair and (name != "shipped" or tuner.settings.use_shipped) and not any(
+                    tuner.family.unwritable(pair[g], g, tuner.device) for g in ("gate_up", "down")):
                 cands.append((name, pair["gate_up"], pair["down"]))
         plan[M] = cands
     wanted: dict = {}     # (gemm, config_key) -> (config, [M])

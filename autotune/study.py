@@ -278,7 +278,10 @@ class ProblemTuner:
         return self.measured[gemm, M].get(config_key(config))
 
     def ok_measurements(self, gemm: str, M: int) -> list[Measurement]:
-        return [m for m in self.measured[gemm, M].values() if m.ok]
+        """Measured configs that may be written now: a study measured for other SGLang targets (a
+        resumed run, a shared study) can hold configs this run's targets cannot load."""
+        return [m for m in self.measured[gemm, M].values()
+                if m.ok and self.family.unwritable(m.config, gemm, self.device) is None]
 
     def best(self, gemm: str, M: int) -> Measurement | None:
         oks = self.ok_measurements(gemm, M)

@@ -34,6 +34,9 @@ class Faulty:
     def check(self, config, problem, gemm, device):
         return None
 
+    def unwritable(self, config, gemm, device):
+        return None
+
     def baselines(self, problem, M, device):
         return {}
 

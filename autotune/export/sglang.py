@@ -5,7 +5,9 @@ Layout (so `SGLANG_MOE_CONFIG_DIR=tuned_configs/<device>` works unchanged):
   tuned_configs/<device>/configs/triton_<x_y_z>/<SGLang's file name>_down   down (+ USE_TMA)
   tuned_configs/<device>/provenance.json                                    how each M was chosen
 The Triton version in the folder is the one the configs were measured with. An existing file
-is merged per M: an entry measured faster on the same device and Triton version is kept.
+is merged per M: an entry measured faster on the same device and Triton version is kept, if the
+SGLang releases this export targets can run it. Provenance lists, per file, every supported SGLang
+release that loads and runs all of its entries (`sglang_versions`, see autotune.sglang_versions).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..fsutil import read_json, write_json
 from ..kernels.triton_moe import sglang_file_name
 from ..records import canonical
 from ..select import Choice
+from ..sglang_versions import config_problem, valid_releases
 
 PROVENANCE = "provenance.json"
 
@@ -34,9 +37,17 @@ def _sglang_entry(config: dict) -> dict:
 
 
 def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[int, Choice],
-                   run: dict) -> dict:
+                   run: dict, targets: tuple[str, ...] = ()) -> dict:
     """Write (merge) the two files of one problem and its provenance entry. Returns a summary
-    {"files": [...], "kept": {M: why}} naming the M whose existing entries were better."""
+    {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
+    `targets`: the SGLang releases the files must run in (an existing entry they cannot run is
+    replaced, never kept)."""
+    from ..kernels.triton_moe import TritonMoe
+    tma = TritonMoe._tma_capable(device)
+
+    def runs_everywhere(up: dict, down: dict) -> bool:
+        return config_problem(up, "gate_up", targets, tma) is None and config_problem(down, "down", targets, tma) is None
+
     folder = config_dir(out, device)
     prov_path = Path(out) / device.file_name / PROVENANCE
     prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
@@ -55,13 +66,14 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     up_json, down_json, kept = {}, {}, {}
     for M in sorted(set(choices) | ({int(k) for k in old_up} if same_stack else set())):
         new = choices.get(M)
-        if new is None and str(M) in old_up and str(M) in old_down:
+        old_ok = str(M) in old_up and str(M) in old_down and runs_everywhere(old_up[str(M)], old_down[str(M)])
+        if new is None and old_ok:
             up_json[str(M)], down_json[str(M)] = old_up[str(M)], old_down[str(M)]
             if str(M) in old_entry.get("per_M", {}):
                 per_m[str(M)] = old_entry["per_M"][str(M)]
             continue
         old = old_entry.get("per_M", {}).get(str(M)) if same_stack else None
-        keep_old = old is not None and str(M) in old_up and str(M) in old_down and (
+        keep_old = old is not None and old_ok and (
             new is None or (old.get("tuned_us") is not None and old["tuned_us"] < new.total_us))
         if keep_old:
             up_json[str(M)], down_json[str(M)] = old_up[str(M)], old_down[str(M)]
@@ -69,6 +81,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
             if new is not None:
                 kept[M] = f"existing {old['tuned_us']:.2f} us beats new {new.total_us:.2f} us"
             continue
+        if new is None:
+            continue     # an old entry the targets cannot run, and nothing new for this M
         up_json[str(M)] = _sglang_entry(new.gate_up)
         down_json[str(M)] = _sglang_entry({**new.down, "BLOCK_SIZE_M": new.gate_up["BLOCK_SIZE_M"]})
         per_m[str(M)] = {
@@ -77,6 +91,10 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
             "default_us": _r(new.baseline_us.get("default")), "shipped_us": _r(new.baseline_us.get("shipped")),
             **run.get("per_M", {}).get(M, {}),
         }
+    valid = valid_releases(up_json, down_json, tma)
+    missing = [v for v in targets if v not in valid]
+    if missing:   # the selection honours the targets; this guards the merge and any future path
+        raise ExportError(f"{up_name}: the merged file would not run in SGLang {', '.join(missing)}; nothing written")
     write_json(folder / up_name, up_json)
     write_json(folder / down_name, down_json)
     prov["device"] = device.to_dict()
@@ -84,6 +102,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
         "down_file": down_name, "problem": problem.to_dict(), "device": device.name,
         "compute_capability": device.sm, "driver": device.driver, "triton": device.versions.get("triton"),
         "versions": device.versions, "measured_on": device.kind,
+        "sglang_targets": list(targets), "sglang_versions": valid,
         "replay_note": ("replayed from a recorded measurement cache, not measured in this run"
                         if device.is_replay else ""),
         "date": utc_now(), "run": {k: v for k, v in run.items() if k != "per_M"}, "per_M": per_m,

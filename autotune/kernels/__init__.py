@@ -25,6 +25,9 @@ class KernelFamily(Protocol):
     def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
         """Why `config` must not be launched (before any compile), or None."""
 
+    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
+        """Why a measured `config` must not be written for the run's target SGLang releases, or None."""
+
     def baselines(self, problem, M: int, device: DeviceInfo) -> dict[str, dict[str, dict]]:
         """What SGLang runs untuned: {"default": {gemm: config}, "shipped": {...}}."""
 

@@ -203,8 +203,11 @@ class TritonMoe:
     name = "triton_moe"
     gemms = GEMMS
 
-    def __init__(self, space_path: str | None = None):
+    def __init__(self, space_path: str | None = None, sglang_versions: tuple[str, ...] = ()):
         self.space_path = space_path
+        # The SGLang releases the written files must load and run in (empty: the installed one's rules,
+        # which are the newest's: every supported release from 0.5.18 runs anything we measure).
+        self.sglang_versions = tuple(sglang_versions)
         self._space_doc = None
 
     # -- what may run ------------------------------------------------------------------------
@@ -227,10 +230,14 @@ class TritonMoe:
             space = spaces.Space(space.family, {k: v for k, v in space.params.items() if k != "USE_TMA"})
         return space
 
-    @staticmethod
-    def _tma_unavailable(problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
+    def _tma_unavailable(self, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
         """SGLang reads USE_TMA from both files: on gate_up it loads the weights (B) by TMA, on
-        down both operands, and its kernel implements the A side for block-FP8 only."""
+        down both operands, and its kernel implements the A side for block-FP8 only. Older
+        releases among the targets may not accept the key at all (sglang_versions)."""
+        from ..sglang_versions import config_problem
+        why = config_problem({"USE_TMA": True}, gemm, self.sglang_versions, self._tma_capable(device))
+        if why:
+            return why
         if gemm == "down" and not problem.block_shape:
             return "USE_TMA on the down GEMM (TMA loads of A) is implemented for block-FP8 only"
         if device.sm < 90 or device.kind == "cpu-interpreter":
@@ -238,6 +245,15 @@ class TritonMoe:
         if not device.versions.get("triton_tma", True):
             return "the installed Triton has no tensor descriptors"
         return None
+
+    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
+        """Why `config` must not go into the `gemm` file for the target SGLang releases, or None."""
+        from ..sglang_versions import config_problem
+        return config_problem(config, gemm, self.sglang_versions, self._tma_capable(device))
+
+    @staticmethod
+    def _tma_capable(device: DeviceInfo) -> bool:
+        return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
 
     def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
         need = smem_estimate(config, problem, device)

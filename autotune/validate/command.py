@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -53,6 +54,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--health-timeout", type=float, default=1800.0, help="seconds to wait for a healthy server")
     g.add_argument("--bench-timeout", type=float, default=3600.0, help="seconds one benchmark run may take")
     g.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
+    g.add_argument("--from-runs", metavar="DIR", action="append",
+                   help="judge the runs scripts/sglang_arms_h200.sh left in DIR (default, shipped and tuned arms "
+                        "of SGLang's own bench_one_batch / server; repeatable) instead of starting servers here")
     g = p.add_argument_group("--engine harness")
     g.add_argument("--model", help="model preset, e.g. qwen3.5-397b-a17b")
     g.add_argument("--model-config", help="an HF config.json (or its folder) instead of a preset")
@@ -103,14 +107,14 @@ def cmd_validate(args) -> int:
 
 
 def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_label: str, intro: list[str],
-            provenance, extra_cols=None) -> int:
+            provenance, extra_cols=None, plotter=None) -> int:
     from .gate import gate as run_gate
     from .report import build_record, comparison_table, write_reports
 
     result = run_gate(comparisons, allow_regression=args.allow_regression)
     record = build_record(gate=result, comparisons=comparisons, **record_kw)
     paths = write_reports(out, record, comparisons, title=title, x_label=x_label, intro=intro,
-                          provenance=provenance, extra_cols=extra_cols)
+                          provenance=provenance, extra_cols=extra_cols, plotter=plotter)
     print()
     print(comparison_table(comparisons, extra_cols))
     print()
@@ -140,6 +144,8 @@ def _validate_sglang(args) -> int:
 
     if args.batch_sizes:
         raise ValidateError("--batch-sizes is for --engine harness; the server path takes --concurrencies")
+    if args.from_runs:
+        return _validate_sglang_runs(args)
     if not args.model_path or not args.configs:
         raise ValidateError("--engine sglang needs --model-path DIR and --configs tuned_configs/<device>")
     model = inspect_model_dir(args.model_path)
@@ -196,6 +202,77 @@ def _validate_sglang(args) -> int:
                    comparisons, out, title=f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
                    x_label="concurrency", intro=intro, provenance=configs.provenance,
                    extra_cols={"median ITL ms (baseline / tuned)": latency})
+
+
+def _validate_sglang_runs(args) -> int:
+    """The gate on runs of SGLang's own code made elsewhere (the lent GPU): three arms per batch,
+    each run's log checked for the config file SGLang says it loaded."""
+    from . import BenchmarkError
+    from .server_arms import comparisons, markdown, plot_arms, read_runs, run_environment, table
+
+    if not args.configs:
+        raise ValidateError("--from-runs needs --configs: the tuned folder the runs' tuned arm loaded")
+    configs = Path(args.configs)
+    if not (configs / "provenance.json").is_file():
+        raise ValidateError(f"{configs} has no provenance.json: not a tuned folder")
+    runs, problems, env = [], [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, src in enumerate(args.from_runs):
+            folder = _unpacked(src, Path(tmp) / str(i))
+            r, p = read_runs(folder, str(configs))
+            runs += r
+            problems += p
+            env = env or run_environment(folder)
+    for p in problems:
+        print(f"refused: {p}", file=sys.stderr)
+    if problems and any(p.split(":")[0].endswith("_tuned") and "tuned folder" in p for p in problems):
+        raise BenchmarkError("a tuned run did not load the tuned folder's files: "
+                             + "; ".join(p for p in problems if "tuned folder" in p))
+    if not any(r.arm == "tuned" for r in runs):
+        raise BenchmarkError(f"no tuned run with results in {', '.join(args.from_runs)}")
+    out = Path(args.out) if args.out else configs
+    _check_out(out)
+    comps = comparisons(runs, "shipped", min_effect=args.min_effect) + \
+        comparisons(runs, "default", min_effect=args.min_effect)
+    rows = table(runs)
+    version = env.get("sglang", "?")
+    intro = [f"Engine: **SGLang {version} itself** on {env.get('gpu', '?')} (driver {env.get('driver', '?')}; "
+             f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}): one rank of the model, dummy weights, "
+             "three fused-MoE arms per repeat in rotating order: default (no file: SGLang's default config), shipped "
+             f"(SGLang's own files), tuned (`{configs}`).",
+             "bench_one_batch = `python -m sglang.bench_one_batch` (ModelRunner + CUDA graphs: decode step time); "
+             "server = `python -m sglang.launch_server` + scripts/sglang_decode_probe.py (decode tokens/s of one "
+             "batch of requests through HTTP and the scheduler). Throughput below = batch / step time.",
+             "", "Per arm, median ms per decode step (min-max, runs):", "", markdown(rows), "",
+             "What SGLang logged it loaded (first run of each arm):", ""]
+    for arm in ("default", "shipped", "tuned"):
+        first = next((r for r in runs if r.arm == arm), None)
+        if first:
+            intro += [f"- {arm} ({first.name}):"] + [f"  - `{line[:300]}`" for line in first.evidence.lines]
+    settings = {"runs": list(args.from_runs), "configs": str(configs), "sglang": version,
+                "command": "autotune " + " ".join(sys.argv[1:])}
+    return _finish(args, dict(engine=f"sglang-server {version}", device=env, runs=[r.to_dict() for r in runs],
+                              settings=settings, extra={"arms_table": rows, "refused_runs": problems}),
+                   comps, out, title=f"SGLang {version}: tuned vs shipped and default", x_label="decode batch size",
+                   intro=intro, provenance=configs / "provenance.json",
+                   plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
+
+
+def _unpacked(src: str, into: Path) -> Path:
+    """A runs folder, or the tarball the device call brought back (its one folder inside)."""
+    import tarfile
+
+    from . import BenchmarkError
+    p = Path(src)
+    if not p.is_file():
+        return p
+    try:
+        with tarfile.open(p) as t:
+            t.extractall(into, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise BenchmarkError(f"{p}: not a readable runs tarball ({e})") from None
+    inner = [d for d in into.iterdir() if d.is_dir()]
+    return inner[0] if len(inner) == 1 else into
 
 
 def _latency_note(runs: list[dict], c) -> str:

@@ -125,13 +125,14 @@ def _us(v) -> str:
 
 def write_reports(out_dir: str | Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
                   intro: list[str], provenance: Path | None = None,
-                  extra_cols: dict[str, dict[str, str]] | None = None) -> dict[str, Path]:
-    """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`."""
+                  extra_cols: dict[str, dict[str, str]] | None = None, plotter=None) -> dict[str, Path]:
+    """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`;
+    `plotter(path) -> bool` draws the figure instead of the baseline-vs-tuned default."""
     out = Path(out_dir)
     paths = {"json": out / VALIDATION_JSON, "plot": out / PLOT_PNG, "md": out / REPORT_MD}
     unit = comparisons[0].unit if comparisons else "tok/s"
-    has_plot = bool(comparisons) and plot(paths["plot"], comparisons, title=title, x_label=x_label,
-                                          y_label=f"decode throughput ({unit})")
+    has_plot = bool(comparisons) and (plotter(paths["plot"]) if plotter else plot(
+        paths["plot"], comparisons, title=title, x_label=x_label, y_label=f"decode throughput ({unit})"))
     record = dict(record)
     record["files"] = {"plot": PLOT_PNG if has_plot else None, "report": REPORT_MD}
     write_json(paths["json"], record)

@@ -1,0 +1,152 @@
+"""One tensor-parallel rank of a MoE model as a config-only folder SGLang serves with `--tp 1`.
+
+SGLang's server at `--tp T` on T GPUs runs, on each GPU, every layer with its per-rank slice:
+attention heads / T, KV heads / T (at least 1: SGLang replicates KV heads when there are fewer
+than T), expert FFN width / T (so the fused MoE runs exactly E, N = moe_intermediate_size / T,
+the shape a TP-T tuned file is named for), shared-expert width / T, linear-attention heads / T.
+Written as a model with those full sizes and served on one GPU with `--load-format dummy`, it runs
+the same kernels on the same shapes as one rank of the real deployment, without the all-reduces.
+The vocabulary stays whole (memory, not kernels: the LM head split is a GEMM of its own).
+
+The folder also gets a tiny word-level tokenizer (SGLang's benchmarks load one; requests carry
+token ids) and, for Qwen3.5's vision-language architecture, the processor configs SGLang's
+TokenizerManager looks for even with `--skip-tokenizer-init`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from ..fsutil import write_json
+from ..models import ModelError, MoeModel
+
+# Text-config keys split across TP ranks; KV heads are special (replicated below TP).
+DIVIDED = ("num_attention_heads", "moe_intermediate_size", "shared_expert_intermediate_size",
+           "linear_num_key_heads", "linear_num_value_heads")
+KV_HEADS = "num_key_value_heads"
+
+
+def qwen35_hf_config(m: MoeModel, vocab_size: int = 248320) -> dict:
+    """The HF config.json of a Qwen3.5-MoE preset (the keys SGLang's qwen3_5 model reads), from the
+    released checkpoint's values; the vision tower is one tiny block (text-only requests never run it)."""
+    if m.family != "qwen3.5" or m.linear is None:
+        raise ModelError(f"{m.name}: only Qwen3.5 presets have a built-in HF config; pass --model-config")
+    text = {
+        "model_type": "qwen3_5_moe_text", "hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,
+        "num_experts": m.num_experts, "num_experts_per_tok": m.top_k,
+        "moe_intermediate_size": m.moe_intermediate_size,
+        "shared_expert_intermediate_size": m.shared_expert_intermediate_size,
+        "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_key_value_heads,
+        "head_dim": m.head_dim, "attn_output_gate": m.attn_output_gate,
+        "full_attention_interval": m.full_attention_interval,
+        "linear_num_key_heads": m.linear.num_key_heads, "linear_num_value_heads": m.linear.num_value_heads,
+        "linear_key_head_dim": m.linear.key_head_dim, "linear_value_head_dim": m.linear.value_head_dim,
+        "linear_conv_kernel_dim": m.linear.conv_kernel,
+        "norm_topk_prob": True, "hidden_act": "silu", "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": 262144, "tie_word_embeddings": False, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "dtype": "bfloat16",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    }
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "image_token_id": 248056, "video_token_id": 248057,
+        "vision_start_token_id": 248053, "vision_end_token_id": 248054,
+        "text_config": text,
+        "vision_config": {
+            "model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+            "in_channels": 3, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+            "out_hidden_size": m.hidden_size, "num_position_embeddings": 2304, "deepstack_visual_indexes": [],
+            "hidden_act": "gelu_pytorch_tanh"},
+    }
+
+
+# Qwen's released block-FP8 checkpoints (e.g. Qwen3.5-397B-A17B-FP8) declare this; SGLang then runs
+# its block-FP8 linear and fused-MoE paths (the `dtype=fp8_w8a8,block_shape=[128, 128]` files).
+FP8_BLOCK_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                   "weight_block_size": [128, 128]}
+
+
+def rank_config(hf: dict, tp: int, layers: int | None = None, fp8_block: bool = False) -> dict:
+    """`hf` (a full model's config.json) with every per-rank dimension of TP `tp`; one clear
+    ModelError naming the dimension that does not split. `fp8_block` declares a block-FP8 checkpoint."""
+    if tp <= 0:
+        raise ModelError(f"--tp must be positive, got {tp}")
+    out = copy.deepcopy(hf)
+    text = out.get("text_config") if isinstance(out.get("text_config"), dict) else out
+    heads = text.get("num_attention_heads")
+    if isinstance(heads, int) and heads > 0 and not text.get("head_dim"):
+        text["head_dim"] = text["hidden_size"] // heads   # stays the full model's, not hidden / (heads / tp)
+    for key in DIVIDED:
+        v = text.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, int) or v <= 0 or v % tp:
+            raise ModelError(f"{key} = {v!r} does not split over --tp {tp}")
+        text[key] = v // tp
+    kv = text.get(KV_HEADS)
+    if kv is not None:
+        if not isinstance(kv, int) or kv <= 0 or (kv % tp if kv >= tp else tp % kv):
+            raise ModelError(f"{KV_HEADS} = {kv!r} neither splits over --tp {tp} nor is replicated evenly")
+        text[KV_HEADS] = max(1, kv // tp)
+    if layers is not None:
+        if layers <= 0:
+            raise ModelError(f"--layers must be positive, got {layers}")
+        text["num_hidden_layers"] = layers
+    if fp8_block:
+        out["quantization_config"] = dict(FP8_BLOCK_QUANT)
+    return out
+
+
+def _tokenizer(folder: Path) -> None:
+    """A 1000-word word-level tokenizer: the benchmarks load a tokenizer, the requests are ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"t{i}": i + 2 for i in range(998)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+                                                  "eos_token": "<eos>", "model_max_length": 262144}, indent=1)
+
+
+def _vl_processor(folder: Path) -> None:
+    common = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor"}
+    write_json(folder / "preprocessor_config.json",
+               dict(common, size={"longest_edge": 16777216, "shortest_edge": 65536},
+                    image_processor_type="Qwen2VLImageProcessorFast"), indent=1)
+    write_json(folder / "video_preprocessor_config.json",
+               dict(common, size={"longest_edge": 25165824, "shortest_edge": 4096},
+                    video_processor_type="Qwen3VLVideoProcessor"), indent=1)
+
+
+def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None = None,
+                     fp8_block: bool = False) -> Path:
+    """Write the config-only folder of one TP rank; refuses a folder that holds weights."""
+    folder = Path(folder)
+    if folder.exists() and any(f.suffix in (".safetensors", ".bin", ".pt") for f in folder.iterdir()):
+        raise ModelError(f"{folder} holds weight files: not overwriting a real model folder")
+    cfg = rank_config(hf, tp, layers, fp8_block)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", cfg, indent=1)
+    _tokenizer(folder)
+    if any("VL" in a or "ConditionalGeneration" in a for a in cfg.get("architectures", [])):
+        _vl_processor(folder)
+    return folder
+
+
+def load_hf_config(path: str | Path) -> dict:
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"model config not found: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(f"model config {p} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"model config {p} holds a {type(raw).__name__}, not a JSON object")
+    return raw
