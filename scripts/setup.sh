@@ -9,3 +9,18 @@ py=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/cpu.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/sglang.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+# Older SGLang releases' own source, for the tests that load our files through each release's
+# loader and kernel signature (tests/test_sglang_releases.py): the package tree only, no install.
+for v in 0.5.16; do
+  dest=.venv/sglang-releases/$v
+  [ -f "$dest/sglang/__init__.py" ] && continue
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64 -d "$tmp" "sglang==$v"
+  mkdir -p "$dest.part" && "$PWD/.venv/bin/python" - "$tmp" "$dest.part" <<'PY'
+import glob, sys, zipfile
+z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/sglang-*.whl")[0])
+z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("sglang/") and not n.endswith(".so")])
+PY
+  rm -rf "$dest" && mv "$dest.part" "$dest" && rm -rf "$tmp"
+done

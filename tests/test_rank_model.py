@@ -1,0 +1,69 @@
+"""One TP rank of a MoE model as a config-only folder: every per-rank dimension, read back by
+transformers' own config class, and a clear error where a dimension does not split."""
+import json
+
+import pytest
+
+from autotune.cli import main
+from autotune.models import PRESETS, ModelError
+from autotune.validate.rank_model import qwen35_hf_config, rank_config
+
+FULL = qwen35_hf_config(PRESETS["qwen3.5-397b-a17b"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_every_divided_dimension(tp):
+    t = rank_config(FULL, tp)["text_config"]
+    f = FULL["text_config"]
+    assert t["num_attention_heads"] == f["num_attention_heads"] // tp
+    assert t["num_key_value_heads"] == max(1, f["num_key_value_heads"] // tp)   # 2 kv heads: replicated at tp 4, 8
+    assert t["moe_intermediate_size"] == f["moe_intermediate_size"] // tp       # the fused MoE's N
+    assert t["shared_expert_intermediate_size"] == f["shared_expert_intermediate_size"] // tp
+    assert t["linear_num_key_heads"] == f["linear_num_key_heads"] // tp
+    assert t["linear_num_value_heads"] == f["linear_num_value_heads"] // tp
+    for same in ("hidden_size", "num_experts", "num_experts_per_tok", "head_dim", "vocab_size", "num_hidden_layers"):
+        assert t[same] == f[same], same
+    assert FULL["text_config"]["num_attention_heads"] == 32, "the full config is left as it was"
+
+
+@pytest.mark.parametrize("tp,key", [(3, "num_attention_heads"), (64, "moe_intermediate_size")])
+def test_a_dimension_that_does_not_split_is_named(tp, key):
+    cfg = json.loads(json.dumps(FULL))
+    if key == "moe_intermediate_size":
+        cfg["text_config"].update(num_attention_heads=64, linear_num_key_heads=64, linear_num_value_heads=64,
+                                  moe_intermediate_size=96)
+    with pytest.raises(ModelError, match=key):
+        rank_config(cfg, tp)
+
+
+def test_kv_heads_that_neither_split_nor_replicate(tmp_path):
+    cfg = json.loads(json.dumps(FULL))
+    cfg["text_config"]["num_key_value_heads"] = 3
+    with pytest.raises(ModelError, match="num_key_value_heads"):
+        rank_config(cfg, 8)
+
+
+def test_cli_folder_is_read_back_by_transformers(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    out = tmp_path / "rank"
+    assert main(["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--layers", "4", "--fp8-block",
+                 "--out", str(out)]) == 0
+    c = AutoConfig.from_pretrained(out)
+    t = c.text_config
+    assert (t.num_attention_heads, t.num_key_value_heads, t.moe_intermediate_size, t.num_hidden_layers) == (4, 1, 128, 4)
+    assert c.quantization_config["weight_block_size"] == [128, 128]
+    assert (out / "tokenizer.json").exists() and (out / "preprocessor_config.json").exists()
+
+
+def test_cli_bad_input_one_line(tmp_path, capsys):
+    weights = tmp_path / "real"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"x")
+    for argv, says in ((["--model", "qwen3.5-397b-a17b", "--tp", "3", "--out", str(tmp_path / "a")], "does not split"),
+                       (["--model", "nope", "--tp", "8", "--out", str(tmp_path / "b")], "unknown model preset"),
+                       (["--model", "qwen3.5-397b-a17b", "--tp", "8", "--out", str(weights)], "holds weight files")):
+        assert main(["rank-model", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "a").exists() and (weights / "model.safetensors").read_bytes() == b"x"

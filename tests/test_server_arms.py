@@ -1,0 +1,85 @@
+"""SGLang 0.5.16's own runs on the H200 (a committed sample of their logs and results): which config
+each arm loaded, per the lines SGLang printed, and the gate on those numbers."""
+import json
+import shutil
+from pathlib import Path
+
+from autotune.cli import main
+from autotune.validate.server_arms import comparisons, evidence, read_runs, table
+
+SAMPLE = Path(__file__).parent / "data/validate/sglang016_runs"
+TUNED = "tuned_configs/sglang-0.5.16/NVIDIA_H200"
+ALL_RUNS = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang016_arms_2026-12-02.tgz"
+
+
+def test_each_arm_is_what_sglang_says_it_loaded():
+    runs, problems = read_runs(SAMPLE, TUNED)
+    assert problems == []
+    by = {(r.mode, r.arm): r for r in runs}
+    tuned = by["one_batch", "tuned"].evidence
+    assert len(tuned.files) == 2 and all(f"{TUNED}/configs/triton_3_6_0/" in f for f in tuned.files)
+    assert any(f.endswith("_down.json") for f in tuned.files) and not tuned.defaults
+    default = by["one_batch", "default"].evidence
+    assert not default.files and len(default.defaults) == 2
+    shipped = by["one_batch", "shipped"].evidence     # 0.5.16 on triton 3.6.0: its triton 3.5.1 file, no _down
+    assert shipped.files == [f for f in shipped.files if "/sglang/" in f and "triton_3_5_1" in f] and shipped.files
+    assert shipped.down_reused and not shipped.defaults
+    assert by["server", "tuned"].evidence.files == tuned.files
+
+
+def test_results_are_sglangs_step_times():
+    runs, _ = read_runs(SAMPLE, TUNED)
+    rows = {(r["mode"], r["batch"]): r for r in table(runs)}
+    raw = [json.loads(x) for x in (SAMPLE / "one_batch_bf16_r1_tuned.jsonl").read_text().splitlines()]
+    for row in raw:
+        got = rows["one_batch", row["batch_size"]]["tuned"]
+        assert abs(got["ms_per_step"] - 1000 * row["median_decode_latency"]) < 1e-9
+        assert abs(got["tok_s"] - row["batch_size"] / row["median_decode_latency"]) < 1e-6
+    assert sorted(b for m, b in rows if m == "one_batch") == [1, 8, 32, 64, 128, 256]
+
+
+def test_a_tuned_run_that_loaded_other_files_is_refused(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLE, runs)
+    log = runs / "one_batch_bf16_r1_tuned.log"
+    log.write_text(log.read_text().replace(TUNED, "elsewhere/NVIDIA_H200"))
+    got, problems = read_runs(runs, TUNED)
+    assert any(p.startswith("one_batch_bf16_r1_tuned:") and "did not load the tuned folder" in p for p in problems)
+    assert not any(r.name == "one_batch_bf16_r1_tuned" for r in got)
+    folder = tmp_path / "folder"
+    shutil.copytree(Path(__file__).resolve().parent.parent / TUNED, folder / TUNED)
+    before = (folder / TUNED / "validation.json").read_bytes()
+    rc = main(["validate", "--engine", "sglang", "--from-runs", str(runs), "--configs", str(folder / TUNED)])
+    assert rc == 2 and "did not load the tuned folder" in capsys.readouterr().err
+    assert (folder / TUNED / "validation.json").read_bytes() == before
+
+
+def test_default_arm_that_found_a_file_is_refused():
+    ev = evidence("[2026-12-02 04:16:50 TP0] Using MoE kernel config from /x/configs/triton_3_6_0/E=1,N=2,device_name=X.json.")
+    from autotune.validate.server_arms import check_arm
+    assert check_arm("default", ev, None) and check_arm("tuned", ev, "a/b") and check_arm("shipped", ev, None) is None
+
+
+def test_gate_on_the_recorded_h200_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    configs = Path(__file__).resolve().parent.parent / TUNED
+    assert main(["validate", "--engine", "sglang", "--from-runs", str(ALL_RUNS), "--configs", str(configs),
+                 "--out", str(out), "--gate"]) == 0
+    rec = json.loads((out / "validation.json").read_text())
+    assert rec["engine"] == "sglang-server 0.5.16" and rec["gate"]["passed"]
+    assert rec["device"]["gpu"] == "NVIDIA H200" and rec["device"]["sglang"] == "0.5.16"
+    arms = {(r["mode"], r["arm"]) for r in rec["runs"]}
+    assert arms == {(m, a) for m in ("one_batch", "server") for a in ("default", "shipped", "tuned")}
+    vs = {c["point"] for c in rec["comparisons"]}
+    assert "bench_one_batch bf16 vs shipped, batch 256" in vs and "server bf16 vs default, batch 1" in vs
+
+
+def test_the_gate_fails_when_tuned_is_slower_beyond_noise(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLE, runs)
+    for f in runs.glob("one_batch_bf16_r1_tuned.jsonl"):
+        rows = [json.loads(x) for x in f.read_text().splitlines()]
+        f.write_text("\n".join(json.dumps({**r, "median_decode_latency": r["median_decode_latency"] * 1.3}) for r in rows))
+    got, _ = read_runs(runs, TUNED)
+    cs = comparisons(got, "shipped")
+    assert cs and all(c.verdict == "regression" for c in cs if c.extra["mode"] == "one_batch")
