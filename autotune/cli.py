@@ -574,6 +574,20 @@ def cmd_rank_model(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from .check import CheckError, check_folder
+
+    try:
+        code, lines = check_folder(args.folder, args.sglang_version)
+    except CheckError as e:
+        raise UsageError(str(e)) from None
+    for line in lines:
+        print(line)
+    print("fresh: every file runs in this SGLang" if code == 0 else
+          "drifted: some files would crash or be skipped by this SGLang (see above)")
+    return code
+
+
 def cmd_merge_choices(args) -> int:
     from .export import server_args
 
@@ -662,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
     p.set_defaults(fn=cmd_merge_choices)
+
+    p = sub.add_parser("check", help="does a tuned folder run in the SGLang installed here (or named)?")
+    p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
+    p.add_argument("--sglang-version", metavar="VERSIONS",
+                   help="the serving SGLang release(s) (default: the one installed here)")
+    p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")

@@ -137,3 +137,24 @@ def test_only_releases_without_up_tma_take_it_out_of_the_gate_up_space():
                "num_stages": 3, "USE_TMA": True}
         assert (fam.check(cfg, p, "gate_up", h200) is None) == up_tma
         assert (fam.unwritable(cfg, "gate_up", h200) is None) == up_tma
+
+
+def test_check_at_the_door(tmp_path, capsys):
+    h200, old = str(ROOT / "tuned_configs/NVIDIA_H200"), str(ROOT / "tuned_configs/sglang-0.5.16/NVIDIA_H200")
+    assert main(["check", h200, "--sglang-version", "0.5.23"]) == 0
+    assert main(["check", h200, "--sglang-version", "0.5.16"]) == 1
+    assert "re-export with --sglang-version 0.5.16" in capsys.readouterr().out
+    assert main(["check", old, "--sglang-version", "0.5.16-0.5.23"]) == 0
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    prov = json.loads((ROOT / "tuned_configs/NVIDIA_H200/provenance.json").read_text())
+    for e in prov["files"].values():
+        e.pop("sglang_versions")
+    (legacy / "provenance.json").write_text(json.dumps(prov))
+    capsys.readouterr()
+    for argv, says in (([str(tmp_path)], "no provenance.json"), ([str(legacy)], "records no SGLang versions"),
+                       ([h200, "--sglang-version", "0.4.0"], "not a supported release"),
+                       ([str(tmp_path / "none")], "is not a folder")):
+        assert main(["check", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (argv, err)
