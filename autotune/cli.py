@@ -303,6 +303,15 @@ def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) ->
         if args.record:
             _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
                     careful=tuner.careful.values())
+    _overlay(args, device, family)
+
+
+def _overlay(args, device, family) -> None:
+    from .export.overlay import overlay_shipped
+
+    rec = overlay_shipped(Path(args.out) / device.file_name, device, family.sglang_versions)
+    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
+          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
 def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
@@ -450,6 +459,7 @@ def cmd_export(args) -> int:
                                  f"trials); nothing exported (--partial exports it anyway)")
             tuner.measure_baselines()
             _select_and_export(args, tuner, device, clock, t0)
+        _overlay(args, device, plans[0].family)
     return 0
 
 

@@ -121,6 +121,16 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
         merged["files"][name] = {**entry, "per_M": per_m}
         if kept:
             kept_all[name] = kept
+    # SGLang's shipped files that export laid beside ours (autotune.export.overlay): they travel too, so
+    # the published folder keeps every shipped shape; never over a tuned file or a file not laid by an overlay.
+    overlay = ours_all.get("shipped_overlay")
+    if overlay:
+        tuned = {n for name, e in merged["files"].items() for n in (name, e.get("down_file")) if n}
+        theirs_overlay = set((theirs_all.get("shipped_overlay") or {}).get("files", []))
+        for rel in overlay.get("files", []):
+            if Path(rel).name not in tuned and (rel in theirs_overlay or not (dest / rel).exists()):
+                writes[rel] = read_json(src / rel)
+        merged["shipped_overlay"] = overlay
     if not changed:
         raise PublishError(f"the serving repo's configs in {dest} are as fast or faster at every batch size "
                            f"(same device and versions): nothing to publish")

@@ -103,3 +103,21 @@ def test_publishes_to_a_git_url_by_clone_and_push(tmp_path, serving):
     src = tuned(tmp_path, "a", {1: 10.0})
     assert main(["publish", "--to", f"file://{bare}", "--from", str(src)]) == 0
     assert git(bare, "branch", "--list", f"tuned/{DEV.file_name}").strip("* ") == f"tuned/{DEV.file_name}"
+
+
+def test_publish_carries_the_shipped_overlay_and_keeps_a_tuned_file_first(tmp_path, serving):
+    from autotune.export.overlay import overlay_shipped
+
+    src = tuned(tmp_path, "ours", {1: 10.0, 64: 50.0})
+    builtin = tmp_path / "sglang_builtin/configs/triton_3_6_0"
+    builtin.mkdir(parents=True)
+    other = "E=256,N=64,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json"
+    (builtin / other).write_text(json.dumps({"1": A}))
+    (builtin / UP).write_text(json.dumps({"1": B}))             # SGLang ships our tuned shape too
+    rec = overlay_shipped(src, DEV, ("0.5.23",), builtin=builtin.parent.parent, sglang_version="0.5.23")
+    assert rec["files"] == [f"configs/triton_3_6_0/{other}"]
+    assert main(["publish", "--to", str(serving), "--from", str(src)]) == 0
+    dest = serving / "tuned_configs" / DEV.file_name
+    assert json.loads((dest / "configs/triton_3_6_0" / other).read_text()) == {"1": A}
+    assert json.loads((dest / "configs/triton_3_6_0" / UP).read_text())["1"] == A      # ours, not the shipped B
+    assert json.loads((dest / "provenance.json").read_text())["shipped_overlay"]["files"] == rec["files"]

@@ -1,0 +1,88 @@
+"""SGLang's shipped files beside ours, so `SGLANG_MOE_CONFIG_DIR=<folder>` never loses one.
+
+SGLang reads `$SGLANG_MOE_CONFIG_DIR/configs/triton_*/` *instead of* its own config folder: a folder
+holding only the shapes we tuned would send every other shape SGLang ships a file for to the
+default heuristic. So the exported folder also holds every shipped file of this device, copied
+from the installed SGLang into the same `triton_<ver>/` folder it ships in, so SGLang's own
+lookup (exact Triton folder, then the others newest first) finds the same file it would have
+found in its own folder. Two exceptions, both recorded in provenance.json's `shipped_overlay`:
+- a file name we tuned is never copied from any Triton folder: a shipped copy in a newer Triton
+  folder would otherwise win SGLang's fallback over our file on a machine whose Triton version
+  matches neither;
+- a shipped file that a target SGLang release cannot run (up-projection `USE_TMA` for 0.5.16) is
+  left out, and that shape gets SGLang's default there, as it would without the overlay.
+Our files are the ones provenance.json's `files` names; the overlay is recomputed on every export
+(files it copied earlier and no longer wants are removed; ours are never touched).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..device import DeviceInfo
+from ..fsutil import read_json, write_json
+from ..sglang_versions import valid_releases
+
+OVERLAY = "shipped_overlay"
+
+
+def _tuned_names(prov: dict) -> set[str]:
+    names = set()
+    for up, entry in prov.get("files", {}).items():
+        names.add(up)
+        if entry.get("down_file"):
+            names.add(entry["down_file"])
+    return names
+
+
+def _pair_name(name: str) -> tuple[str, str]:
+    up = name[: -len("_down.json")] + ".json" if name.endswith("_down.json") else name
+    return up, up[: -len(".json")] + "_down.json"
+
+
+def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tuple[str, ...],
+                    builtin: str | Path | None = None, sglang_version: str | None = None) -> dict:
+    """Copy the installed SGLang's shipped files for `device` into `device_folder` (see module doc).
+    Returns the `shipped_overlay` record it also writes into provenance.json."""
+    from ..kernels.triton_moe import TritonMoe, builtin_config_dir
+    from ..sglang_versions import installed
+
+    folder = Path(device_folder)
+    prov_path = folder / "provenance.json"
+    prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
+    ours = _tuned_names(prov)
+    src_root = Path(builtin or builtin_config_dir()) / "configs"
+    tma = TritonMoe._tma_capable(device)
+    old = prov.get(OVERLAY, {}).get("files", [])
+    copied, skipped = [], {}
+    for src in sorted(src_root.glob("triton_*/*.json")):
+        if f"device_name={device.file_name}," not in src.name.replace("_down.json", ",").replace(".json", ","):
+            continue
+        rel = f"configs/{src.parent.name}/{src.name}"
+        if src.name in ours:
+            skipped[rel] = "this shape is tuned here: our file must win SGLang's Triton-folder fallback"
+            continue
+        up_name, down_name = _pair_name(src.name)
+        up = json.loads((src.parent / up_name).read_text()) if (src.parent / up_name).exists() else {}
+        down = json.loads((src.parent / down_name).read_text()) if (src.parent / down_name).exists() else {}
+        missing = [v for v in targets if v not in valid_releases(up, down, tma)]
+        if missing:
+            skipped[rel] = f"SGLang {', '.join(missing)} cannot run it"
+            continue
+        dst = folder / rel
+        if dst.exists() and rel not in old:
+            skipped[rel] = "a file of that name is already in the folder and is not ours to replace"
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        copied.append(rel)
+    for rel in set(old) - set(copied):              # an earlier overlay's copy no longer wanted
+        p = folder / rel
+        if p.name not in ours and p.exists():
+            p.unlink()
+    record = {"sglang": sglang_version or installed(), "source": str(src_root), "targets": list(targets),
+              "files": copied, "skipped": skipped}
+    prov[OVERLAY] = record
+    write_json(prov_path, prov)
+    return record
