@@ -245,7 +245,8 @@ def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tm
     outs = finish([a, b2])
     assert a.returncode == b2.returncode == 0, outs
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("E=*.json"))
-    assert len(files) == 2
+    assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("E=*.json"))
+    assert len(tuned_files(tmp_path / "a/NVIDIA_H200")) == 2       # ours; the rest is SGLang's shipped overlay
     for f in files:
         assert json.loads((tmp_path / "a" / f).read_text()) == json.loads((tmp_path / "b" / f).read_text())
     run_a, run_b = (next(iter(json.loads((tmp_path / x / "NVIDIA_H200/provenance.json").read_text())
@@ -262,6 +263,13 @@ def test_storage_unreachable_at_start_is_one_line_exit_2(tmp_path):
                  "--storage", "postgresql://postgres@127.0.0.1:1/nowhere")
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2 and "unreachable" in out
+
+
+def tuned_files(folder):
+    """The files export wrote as ours (provenance's `files` and their `_down`), present on disk."""
+    prov = json.loads((folder / "provenance.json").read_text())
+    names = {n for up, e in prov["files"].items() for n in (up, e["down_file"])}
+    return [p for p in folder.rglob("E=*.json") if p.name in names]
 
 
 def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path):
@@ -284,7 +292,7 @@ def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path)
     e = autotune("export", *args, "--partial")
     out, _ = e.communicate(timeout=120)
     assert e.returncode == 0, out
-    assert len(list((tmp_path / "out").rglob("E=*.json"))) == 2
+    assert len(tuned_files(tmp_path / "out/NVIDIA_H200")) == 2
 
 
 @needs_pg

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from autotune.validate import BenchmarkError, PortInUseError, ServerError
-from autotune.validate.sglang_server import ServerProcess, free_port, port_in_use, run_logged
+from autotune.validate.server_process import ServerProcess, run_logged
+from autotune.validate.sglang_commands import free_port, port_in_use
 
 STANDIN = textwrap.dedent('''
     """Stand-in HTTP process for autotune's process-manager tests (not a model server)."""
@@ -256,7 +257,8 @@ def test_runner_stops_the_server_when_a_benchmark_fails(standin, tmp_path, monke
     cfg = tmp_path / "tc"
     (cfg / "configs" / "triton_3_5_1").mkdir(parents=True)
     (cfg / "configs" / "triton_3_5_1" / "E=8,N=32,device_name=X.json").write_text("{}")
-    v = ss.ServerValidation(model=ss.inspect_model_dir(model), configs=ss.inspect_configs(cfg),
+    from autotune.validate.sglang_inputs import inspect_configs, inspect_model_dir
+    v = ss.ServerValidation(model=inspect_model_dir(model), configs=inspect_configs(cfg),
                             work_dir=tmp_path / "work", concurrencies=(8,), repeats=1, health_timeout_s=20)
     seen = {}
 

@@ -139,8 +139,9 @@ def _check_out(out: Path) -> None:
 def _validate_sglang(args) -> int:
     from ..device import NoDeviceError, detect, utc_now
     from .gate import comparisons_from_runs
-    from .sglang_server import (ServerValidation, check_port_free, inspect_configs, inspect_model_dir,
-                                parse_server_args, run_server_validation)
+    from .sglang_commands import check_port_free
+    from .sglang_inputs import inspect_configs, inspect_model_dir
+    from .sglang_server import ServerValidation, parse_server_args, run_server_validation
 
     if args.batch_sizes:
         raise ValidateError("--batch-sizes is for --engine harness; the server path takes --concurrencies")

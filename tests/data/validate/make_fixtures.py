@@ -27,7 +27,8 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from autotune.validate.sglang_server import ONE_BATCH_MODULE, SERVING_MODULE, load_from_source  # noqa: E402
+from autotune.validate.sglang_commands import ONE_BATCH_MODULE, SERVING_MODULE  # noqa: E402
+from autotune.validate.sglang_parsers import load_from_source  # noqa: E402
 
 
 class _WordTokenizer:
