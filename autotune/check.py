@@ -1,10 +1,16 @@
-"""`autotune check FOLDER`: will this tuned folder load and run in the SGLang that serves it?
+"""`autotune check FOLDER`: do the committed configs still match the machine that serves them?
 
-Reads the folder's provenance.json (written by export) and compares, file by file, the SGLang
-releases each file is valid for (`sglang_versions`, autotune.sglang_versions) with the release
-installed here or named by --sglang-version. Exit 0: every file runs there; 1: some file does
-not (listed, with the release it needs); 2: bad input (no folder, no provenance, a provenance
-without version records, an unsupported release).
+Reads the folder's provenance.json (written by export) and compares it with this machine:
+- SGLang: the releases each file runs in (`sglang_versions`, autotune.sglang_versions) against
+  the release installed here or named by --sglang-version: a file that would crash it is drift;
+- GPU: SGLang matches `device_name` exactly, so files measured on another GPU model are never
+  loaded here: drift;
+- Triton: SGLang loads a file from another Triton folder with only a warning, and a Triton
+  upgrade can move the best config (vLLM issue 32806): drift, re-tune;
+- torch, CUDA, driver, FlashInfer: listed when they differ (they move timings less directly).
+Without a GPU only the SGLang check runs, and the output says so. Exit 0: fresh; 1: drifted
+(each file or fact listed with why and what to do); 2: bad input (no folder, no provenance, a
+provenance without version records, an unsupported release).
 """
 from __future__ import annotations
 
@@ -20,7 +26,27 @@ class CheckError(ValueError):
     pass
 
 
-def check_folder(folder: str | Path, version_spec: str | None) -> tuple[int, list[str]]:
+def machine_drift(prov: dict, machine) -> tuple[list[str], list[str]]:
+    """(drift: reasons to re-tune, notes: differences worth knowing) between provenance and `machine`."""
+    dev = prov.get("device") or {}
+    was, now = dev.get("versions", {}), machine.versions
+    drift, notes = [], []
+    if dev.get("name") != machine.name:
+        drift.append(f"GPU: measured on {dev.get('name')!r}, this is {machine.name!r}: SGLang matches device_name "
+                     "exactly and will not load these files here (tune this GPU, or export --device-name for "
+                     "another SKU of the same chip)")
+    if was.get("triton") != now.get("triton"):
+        drift.append(f"Triton: measured with {was.get('triton')}, this machine has {now.get('triton')}: SGLang falls "
+                     "back to the other Triton folder with a warning, and the best configs can move: re-tune")
+    for k in ("torch", "cuda", "flashinfer"):
+        if was.get(k) and now.get(k) and was.get(k) != now.get(k):
+            notes.append(f"{k}: measured with {was[k]}, this machine has {now[k]}")
+    if dev.get("driver") and machine.driver and dev.get("driver") != machine.driver:
+        notes.append(f"driver: measured with {dev['driver']}, this machine has {machine.driver}")
+    return drift, notes
+
+
+def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> tuple[int, list[str]]:
     folder = Path(folder)
     prov_path = folder / "provenance.json"
     if not folder.is_dir():
@@ -51,4 +77,12 @@ def check_folder(folder: str | Path, version_spec: str | None) -> tuple[int, lis
                          f"re-export with --sglang-version {missing[0]}")
         else:
             lines.append(f"{name}: runs in SGLang {', '.join(targets)}")
+    if machine is None:
+        lines.append("no GPU visible here: GPU, Triton, torch and driver not compared (run check on the serving machine)")
+    else:
+        drift, notes = machine_drift(prov, machine)
+        bad += len(drift)
+        lines += [f"drift: {d}" for d in drift] + [f"note: {n}" for n in notes]
+        if not drift:
+            lines.append(f"GPU {machine.name} and Triton {machine.versions.get('triton')} as measured")
     return (DRIFTED if bad else FRESH), lines

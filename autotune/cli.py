@@ -97,6 +97,11 @@ def cmd_shapes(args) -> int:
             line += f"  | {' / '.join(counts)}"
         print(line)
     _print_shared(exp)
+    try:
+        here = devmod.detect()
+        print(f"this machine: {here.name} (SM{here.sm}); SGLang names its files device_name={here.file_name}")
+    except devmod.NoDeviceError:
+        print("this machine: no GPU visible (SGLang's device_name is torch.cuda.get_device_name() with spaces as _)")
     return 0
 
 
@@ -179,6 +184,10 @@ def _add_search_args(p) -> None:
 def _add_storage_and_out(p) -> None:
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    p.add_argument("--device-name", action="append", metavar="NAME",
+                   help="also write the tuned files under another SKU's name of the same chip, as "
+                        "torch.cuda.get_device_name() prints it (repeatable), e.g. 'NVIDIA RTX PRO 6000 Blackwell "
+                        "Workstation Edition'; marked in provenance as measured on another SKU")
 
 
 def _add_device_args(p) -> None:
@@ -231,6 +240,7 @@ def cmd_run(args) -> int:
     except OSError as e:
         raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
+    _sku_names(args, device)
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
     with pool:
@@ -306,10 +316,32 @@ def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) ->
     _overlay(args, device, family)
 
 
+def _sku_names(args, device) -> tuple[str, ...]:
+    """--device-name values, checked before anything is measured."""
+    from .export.skus import SkuError, check_name, same_chip
+
+    names = []
+    for raw in getattr(args, "device_name", None) or ():
+        try:
+            name = check_name(raw)
+        except SkuError as e:
+            raise UsageError(str(e)) from None
+        if same_chip(device.name, name) is False:
+            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
+                             "measured there")
+        names.append(name)
+    return tuple(names)
+
+
 def _overlay(args, device, family) -> None:
     from .export.overlay import overlay_shipped
+    from .export.skus import copy_for_skus
 
-    rec = overlay_shipped(Path(args.out) / device.file_name, device, family.sglang_versions)
+    folder = Path(args.out) / device.file_name
+    skus = _sku_names(args, device)
+    for path in copy_for_skus(folder, device.name, list(skus)):
+        print(f"  wrote {path} (same configs, for another SKU)")
+    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
     print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
@@ -444,6 +476,7 @@ def cmd_export(args) -> int:
     if args.out is None:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
+    _sku_names(args, device)
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
     settings = _triton_settings(args, None)
@@ -585,16 +618,20 @@ def cmd_rank_model(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from . import device as devmod
     from .check import CheckError, check_folder
 
     try:
-        code, lines = check_folder(args.folder, args.sglang_version)
+        machine = devmod.detect()
+    except devmod.NoDeviceError:
+        machine = None
+    try:
+        code, lines = check_folder(args.folder, args.sglang_version, machine)
     except CheckError as e:
         raise UsageError(str(e)) from None
     for line in lines:
         print(line)
-    print("fresh: every file runs in this SGLang" if code == 0 else
-          "drifted: some files would crash or be skipped by this SGLang (see above)")
+    print("fresh: the folder matches this machine" if code == 0 else "drifted: re-tune or re-export (see above)")
     return code
 
 
@@ -687,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
     p.set_defaults(fn=cmd_merge_choices)
 
-    p = sub.add_parser("check", help="does a tuned folder run in the SGLang installed here (or named)?")
+    p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
     p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
     p.add_argument("--sglang-version", metavar="VERSIONS",
                    help="the serving SGLang release(s) (default: the one installed here)")

@@ -68,3 +68,30 @@ def test_shipped_files_an_older_target_cannot_run_stay_out(exported, h200, tmp_p
     rec = overlay_shipped(folder, h200, ("0.5.23",), builtin=src, sglang_version="0.5.23")
     assert json.loads(user.read_text()) == {"1": {"mine": 1}} and "not ours to replace" in rec["skipped"][
         "configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200.json"]
+
+
+def test_sku_names_resolve_in_sglangs_loader_and_say_where_they_were_measured(tmp_path, h200, capsys):
+    import dataclasses
+
+    out = tmp_path / "out"
+    assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                 "--replay", str(GRID), "--batch-sizes", "1,8", "--trials", "4", "--out", str(out),
+                 "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet", "--device-name", "NVIDIA H200 NVL"]) == 0
+    folder = out / "NVIDIA_H200"
+    nvl = dataclasses.replace(h200, name="NVIDIA H200 NVL")
+    p = Problem(512, 128, 4096, 10, "bf16", (1, 8))
+    for M in (1, 8):
+        assert sglang_selection(p, M, nvl, config_dir=str(folder)) == sglang_selection(p, M, h200, config_dir=str(folder))
+    prov = json.loads((folder / "provenance.json").read_text())["files"]
+    copy = prov["E=512,N=128,device_name=NVIDIA_H200_NVL.json"]
+    assert copy["measured_on_sku"] == "NVIDIA H200" and copy["device"] == "NVIDIA H200 NVL"
+    assert "measured_on_sku" not in prov[TUNED]
+    capsys.readouterr()
+    for name, says in (("NVIDIA H100 PCIe", "another chip"), ("E=1,N=2", "not a plausible"), ("", "not a plausible")):
+        fresh = tmp_path / f"x{len(name)}"
+        rc = main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                   "--replay", str(GRID), "--batch-sizes", "1", "--out", str(fresh), "--storage",
+                   f"sqlite:///{tmp_path / 'b.db'}", "--quiet", "--device-name", name])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and says in err[0], (name, err)
+        assert not list(fresh.rglob("*.json"))

@@ -42,9 +42,11 @@ def _pair_name(name: str) -> tuple[str, str]:
 
 
 def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tuple[str, ...],
-                    builtin: str | Path | None = None, sglang_version: str | None = None) -> dict:
-    """Copy the installed SGLang's shipped files for `device` into `device_folder` (see module doc).
-    Returns the `shipped_overlay` record it also writes into provenance.json."""
+                    builtin: str | Path | None = None, sglang_version: str | None = None,
+                    sku_names: tuple[str, ...] = ()) -> dict:
+    """Copy the installed SGLang's shipped files for `device` (and the SKUs the folder also has
+    copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
+    writes into provenance.json."""
     from ..kernels.triton_moe import TritonMoe, builtin_config_dir
     from ..sglang_versions import installed
 
@@ -56,8 +58,10 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     tma = TritonMoe._tma_capable(device)
     old = prov.get(OVERLAY, {}).get("files", [])
     copied, skipped = [], {}
+    tags = {f"device_name={n.replace(' ', '_')}," for n in (device.name, *sku_names)}
     for src in sorted(src_root.glob("triton_*/*.json")):
-        if f"device_name={device.file_name}," not in src.name.replace("_down.json", ",").replace(".json", ","):
+        plain = src.name.replace("_down.json", ",").replace(".json", ",")
+        if not any(t in plain for t in tags):
             continue
         rel = f"configs/{src.parent.name}/{src.name}"
         if src.name in ours:

@@ -1,0 +1,74 @@
+"""The same tuned files under the names of other SKUs of the same chip.
+
+SGLang matches `device_name` (torch.cuda.get_device_name(), spaces -> `_`) exactly: the RTX PRO 6000
+Blackwell ships as Server Edition, Workstation Edition and Max-Q Workstation Edition, each its own
+name and file. `--device-name NAME` writes every tuned file of the folder again under NAME, into the
+same Triton folder, with a provenance entry that says it was measured on another SKU (clocks and
+power limits differ between SKUs: a copy is a strong start, not a measurement).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from ..fsutil import read_json, write_json
+
+# What torch.cuda.get_device_name() returns: printable ASCII words; nothing SGLang's file name
+# grammar uses (',' '=' '[' ']'), no path separators.
+PLAUSIBLE = re.compile(r"[A-Za-z][A-Za-z0-9 ._()+-]{2,79}")
+# Known SKUs of one chip (as torch names them); a name outside its device's family is still written,
+# with a warning, since new SKUs appear before any table knows them.
+FAMILIES = (
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
+    ("NVIDIA H200", "NVIDIA H200 NVL"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H100 PCIe"),
+    ("NVIDIA B200",),
+)
+
+
+class SkuError(ValueError):
+    pass
+
+
+def check_name(name: str) -> str:
+    name = name.strip()
+    if not PLAUSIBLE.fullmatch(name) or "  " in name:
+        raise SkuError(f"--device-name {name!r} is not a plausible CUDA device name (as torch.cuda.get_device_name() "
+                       "prints it, e.g. 'NVIDIA RTX PRO 6000 Blackwell Workstation Edition')")
+    return name
+
+
+def same_chip(a: str, b: str) -> bool | None:
+    """True/False where a known family holds either name, None where none does."""
+    for fam in FAMILIES:
+        if a in fam or b in fam:
+            return a in fam and b in fam
+    return None
+
+
+def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
+    """Write each of the folder's tuned files again under each SKU name; returns the files written."""
+    folder = Path(device_folder)
+    prov_path = folder / "provenance.json"
+    prov = read_json(prov_path, default=None) or {}
+    src_tag = f"device_name={measured_name.replace(' ', '_')}"
+    written = []
+    for name in names:
+        tag = f"device_name={name.replace(' ', '_')}"
+        if tag == src_tag:
+            continue
+        for up, entry in list(prov.get("files", {}).items()):
+            if src_tag not in up or entry.get("measured_on_sku"):
+                continue                      # only files measured here are copied
+            triton_dir = folder / "configs" / f"triton_{str(entry.get('triton')).replace('.', '_')}"
+            new_up, new_down = up.replace(src_tag, tag), entry["down_file"].replace(src_tag, tag)
+            for old, new in ((up, new_up), (entry["down_file"], new_down)):
+                shutil.copyfile(triton_dir / old, triton_dir / new)
+                written.append(str(triton_dir / new))
+            prov["files"][new_up] = {**entry, "down_file": new_down, "device": name,
+                                     "measured_on_sku": entry.get("device") or measured_name,
+                                     "sku_note": "copied from a measurement on another SKU of the same chip"}
+    write_json(prov_path, prov)
+    return written
