@@ -97,6 +97,13 @@ def cmd_shapes(args) -> int:
             line += f"  | {' / '.join(counts)}"
         print(line)
     _print_shared(exp)
+    from .kernels.cross_compile import COMPILED_DIR, load
+    for t in targets:
+        rec = load(t.sm)
+        print(f"sm{t.sm}: shared memory " + (f"exact, compiled with Triton {rec['triton']} ({len(rec['records'])} configs, "
+                                             f"{COMPILED_DIR.name}/sm{t.sm}.json)" if rec else
+                                             "estimated (autotune compile-limits --target-sm "
+                                             f"{t.sm} records exact limits)"))
     try:
         here = devmod.detect()
         print(f"this machine: {here.name} (SM{here.sm}); SGLang names its files device_name={here.file_name}")
@@ -118,8 +125,11 @@ def _open_device(args, kernels=("triton_moe",)):
 
     cache = None
     if args.replay:
+        names = [p.strip() for p in args.replay.split(",")]
+        if not all(names):
+            raise UsageError(f"--replay {args.replay!r} has an empty name in its list")
         try:
-            cache = merge_caches([p for p in args.replay.split(",") if p])
+            cache = merge_caches(names)
         except CacheError as e:
             raise UsageError(str(e))
         pool = ReplayPool(cache, realtime=getattr(args, "replay_realtime", 0.0) or 0.0)
@@ -225,8 +235,8 @@ def cmd_run(args) -> int:
     from .plan import PlanError, parse_kernels
 
     budget = _parse_duration(args.budget) if args.budget else None
-    if args.trials is not None and args.trials <= 0:
-        raise UsageError("--trials must be positive")
+    _check_counts(args)
+    _check_record_file(args.record)
     try:
         kernels = parse_kernels(args.kernels)
     except PlanError as e:
@@ -241,6 +251,7 @@ def cmd_run(args) -> int:
         raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
     _sku_names(args, device)
+    _check_record_device(args.record, device)
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
     with pool:
@@ -269,6 +280,34 @@ def cmd_run(args) -> int:
         if backend_plans:
             _run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
     return 0
+
+
+def _check_counts(args) -> None:
+    for flag, value, least in (("--trials", args.trials, 1), ("--workers", args.workers, 1),
+                               ("--neighbours", args.neighbours, 0), ("--routings", args.routings, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+
+
+def _check_record_file(path) -> None:
+    """--record extends a measurement cache; anything else at that path is refused, before any work."""
+    from .records import CacheError, read_cache
+
+    if path and Path(path).exists():
+        try:
+            read_cache(path)
+        except CacheError as e:
+            raise UsageError(f"--record {path}: {e}; refusing to overwrite it (name a new file)") from None
+
+
+def _check_record_device(path, device) -> None:
+    from .records import read_cache
+
+    if path and Path(path).exists():
+        rec = read_cache(path).device
+        if (rec.get("name"), rec.get("sm")) != (device.name, device.sm):
+            raise UsageError(f"--record {path} holds measurements of {rec.get('name')} (SM{rec.get('sm')}), not "
+                             f"{device.name}: name a new file")
 
 
 def _run_name(args, device) -> str:
@@ -447,6 +486,7 @@ def cmd_worker(args) -> int:
     from .study import Clock, ProblemTuner
 
     budget = _parse_duration(args.budget) if args.budget else None
+    _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name, shared=True)
@@ -475,6 +515,7 @@ def cmd_export(args) -> int:
 
     if args.out is None:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
+    _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     _sku_names(args, device)
     run_name = _run_name(args, device)
@@ -617,6 +658,25 @@ def cmd_rank_model(args) -> int:
     return 0
 
 
+def cmd_compile_limits(args) -> int:
+    """Compile every config of an architecture's space for it, here (no GPU needed), and record
+    what each needs: the exact limits `check` then uses for that architecture."""
+    from . import device as devmod
+    from .kernels import get_family
+    from .kernels.cross_compile import record
+
+    try:
+        devmod.planned(args.target_sm)
+    except devmod.NoDeviceError as e:
+        raise UsageError(str(e)) from None
+    exp = _problems(args)
+    fam = get_family("triton_moe", space_path=args.search_space)
+    path = record(args.target_sm, [p for p in exp.problems if fam.unsupported_reason(p, devmod.planned(args.target_sm))
+                                   is None], fam, Path(args.out) if args.out else None)
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from . import device as devmod
     from .check import CheckError, check_folder
@@ -649,8 +709,17 @@ def cmd_merge_choices(args) -> int:
 
 # --- entry point ---------------------------------------------------------------------------------
 
+def _version() -> str:
+    import importlib.metadata as md
+    try:
+        return md.version("autotune")
+    except md.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
+    ap.add_argument("--version", action="version", version=f"autotune {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("shapes", help="print the problems a run would tune")
@@ -723,6 +792,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
     p.set_defaults(fn=cmd_merge_choices)
+
+    p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
+                                              "needed) and record the exact shared memory each needs")
+    _add_selection(p)
+    p.add_argument("--target-sm", type=int, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
+    p.add_argument("--out", help="record file (default search_spaces/compiled/sm<XY>.json)")
+    p.set_defaults(fn=cmd_compile_limits)
 
     p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
     p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")

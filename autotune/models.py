@@ -248,6 +248,8 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
         raise ModelError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
     if not vals or any(v <= 0 for v in vals):
         raise ModelError(f"{what} must hold positive integers, got {text!r}")
+    if len(set(vals)) != len(vals):
+        raise ModelError(f"{what} lists a value twice: {text!r}")
     return vals
 
 

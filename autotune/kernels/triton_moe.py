@@ -255,10 +255,12 @@ class TritonMoe:
     def _tma_capable(device: DeviceInfo) -> bool:
         return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
 
-    def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
-        need = smem_estimate(config, problem, device)
-        if need > device.smem_optin:
-            return f"shared memory estimate {need} B > {device.smem_optin} B opt-in limit"
+    def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo,
+              resources: bool = True) -> str | None:
+        if resources:
+            why = self._resources(config, problem, gemm, device)
+            if why:
+                return why
         if problem.block_shape:
             bn, bk = problem.block_shape
             # One activation/weight scale per K tile: the K tile must not straddle a quant block.
@@ -268,6 +270,26 @@ class TritonMoe:
                 return f"block FP8: BLOCK_SIZE_N {config['BLOCK_SIZE_N']} must divide block_n {bn}"
         if config.get("USE_TMA"):
             return self._tma_unavailable(problem, gemm, device)
+        return None
+
+    @staticmethod
+    def _resources(config: dict, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
+        """Shared memory: exact where this architecture's configs were compiled with this Triton
+        (search_spaces/compiled/, autotune.kernels.cross_compile), else the estimate."""
+        from .cross_compile import load, record_key
+
+        compiled = load(device.sm, device.versions.get("triton")) if device.kind != "cpu-interpreter" else None
+        rec = compiled["records"].get(record_key(problem.dtype, gemm, config)) if compiled else None
+        if rec is not None:
+            if "error" in rec:
+                return f"does not compile for sm{device.sm} (Triton {compiled['triton']}): {rec['error']}"
+            if rec["shared"] > device.smem_optin:
+                return (f"compiled for sm{device.sm} (Triton {compiled['triton']}): needs {rec['shared']} B of shared "
+                        f"memory > {device.smem_optin} B opt-in limit")
+            return None
+        need = smem_estimate(config, problem, device)
+        if need > device.smem_optin:
+            return f"shared memory estimate {need} B > {device.smem_optin} B opt-in limit"
         return None
 
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
@@ -392,26 +414,29 @@ class TritonMoe:
             torch.cuda.synchronize()
 
     # -- launch and reference ------------------------------------------------------------------
-    def compile(self, config: dict, inputs: MoeInputs) -> None:
+    def compile(self, config: dict, inputs: MoeInputs):
         """Compile (and cache) the kernel variant `run` would launch, without launching it:
         SGLang's own call path with Triton's warm-up mode switched on for the MoE kernel, so
-        the compile key is exactly the one of the real launch. (Triton's CPU interpreter
-        compiles nothing.)"""
+        the compile key is exactly the one of the real launch. Returns Triton's compiled kernel
+        (its metadata holds the shared memory it needs). (Triton's CPU interpreter compiles nothing.)"""
         if inputs.on_cpu:
-            return
+            return None
         from sglang.kernels.ops.moe import fused_moe_triton_kernels as kmod
 
         kernel = kmod.fused_moe_kernel
         launch = kernel.run
+        compiled = []
 
         def compile_only(*args, grid, warmup, **kwargs):
-            return launch(*args, grid=grid, warmup=True, **kwargs)
+            compiled.append(launch(*args, grid=grid, warmup=True, **kwargs))
+            return compiled[-1]
 
         kernel.run = compile_only
         try:
             self.run(config, inputs, 0)
         finally:
             del kernel.run
+        return compiled[-1] if compiled else None
 
     def run(self, config: dict, inputs: MoeInputs, routing: int):
         import triton.language as tl
