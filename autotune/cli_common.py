@@ -1,0 +1,58 @@
+"""Shared pieces of the `autotune` command: bad-input errors, exit codes, the model-selection flags."""
+from __future__ import annotations
+
+import argparse
+import re
+
+EXIT_BAD_INPUT = 2
+EXIT_STORAGE_LOST = 3
+
+
+class UsageError(Exception):
+    """Bad input: one line on stderr, exit code 2."""
+
+
+def _parse_duration(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise UsageError(f"--budget must look like 90s, 20m or 1.5h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to tune")
+    g.add_argument("--shapes", help="a model family preset: qwen3.5 (default) or qwen3-next")
+    g.add_argument("--model", help="one preset, e.g. qwen3.5-397b-a17b")
+    g.add_argument("--model-config", help="any HF config.json of a MoE model (or its folder)")
+    g.add_argument("--tp", default="1,2,4,8", help="tensor-parallel sizes (list)")
+    g.add_argument("--ep", default="1", help="expert-parallel sizes (list)")
+    g.add_argument("--dtype", help="bf16,fp8_w8a8_block,fp8_w8a8 (default: all the GPU supports)")
+    g.add_argument("--batch-sizes", help="token counts M (default: SGLang's 18, 1..4096)")
+    g.add_argument("--search-space", help="search space YAML (default search_spaces/triton_moe.yaml)")
+
+
+def _selection(args):
+    """(models, tps, eps, dtypes or None, batch sizes) from the "what to tune" flags."""
+    from . import models
+
+    return (models.select_models(args.shapes, args.model, args.model_config),
+            models.parse_int_list(args.tp, "--tp"), models.parse_int_list(args.ep, "--ep"),
+            tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else None,
+            models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes
+            else models.DEFAULT_BATCH_SIZES)
+
+
+def _problems(args):
+    from . import models
+
+    ms, tps, eps, dtypes, bss = _selection(args)
+    return models.expand(ms, tps, eps, dtypes or models.TRITON_DTYPES, bss)
+
+
+def _print_shared(exp) -> None:
+    for key, others in exp.shared.items():
+        owner = next(p for p in exp.problems if p.file_key == key)
+        for o in others:
+            who = ", ".join(sorted({f"{s[0]} tp{s[1]}" for s in o.sources}))
+            print(f"note: {who} (K={o.K}, top_k={o.top_k}) maps to the same SGLang file as {owner.key}; "
+                  f"that file is tuned for K={owner.K}, top_k={owner.top_k}")
