@@ -3,6 +3,7 @@ merge-caches, merge-choices."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .cli_common import UsageError, _print_shared, _problems
@@ -120,6 +121,8 @@ def cmd_compile_limits(args) -> int:
         devmod.planned(args.target_sm)
     except devmod.NoDeviceError as e:
         raise UsageError(str(e)) from None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
     exp = _problems(args)
     fam = get_family("triton_moe", space_path=args.search_space)
     path = record(args.target_sm, [p for p in exp.problems if fam.unsupported_reason(p, devmod.planned(args.target_sm))

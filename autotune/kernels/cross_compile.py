@@ -35,8 +35,13 @@ def record_key(dtype: str, gemm: str, config: dict) -> str:
 @contextlib.contextmanager
 def cross_target(sm: int):
     """Triton's runtime answering for an sm_XY GPU; every kernel launch compiles and returns."""
+    import os
+
     import torch
     from triton.backends.compiler import GPUTarget
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing (unset it to cross-compile)")
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
@@ -60,13 +65,14 @@ def cross_target(sm: int):
     def compile_only(self, *args, grid, warmup, **kwargs):
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
+    saved = driver._active        # reset_active() would build the default driver: none exists on a CPU
     driver.set_active(CrossTarget())
     JITFunction.run = compile_only
     try:
         yield
     finally:
         JITFunction.run = launch
-        driver.reset_active()
+        driver._active = saved
 
 
 def small_problem(problem):
