@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import BenchmarkError
-from .gate import Comparison, compare
+from .gate import Comparison, comparisons_from_runs
 
 ARMS = ("default", "shipped", "tuned")
 RUN_NAME = re.compile(r"^(?P<mode>one_batch|server)_(?P<dtype>\w+?)_r(?P<rep>\d+)_(?P<arm>default|shipped|tuned)$")
@@ -167,24 +167,17 @@ def run_environment(folder: str | Path) -> dict:
 
 
 def comparisons(runs: list[ArmRun], baseline: str, *, min_effect: float = 0.01) -> list[Comparison]:
-    """tuned vs `baseline` per (mode, dtype, batch), decode tokens/s, paired by repeat."""
-    out = []
-    keys = sorted({(r.mode, r.dtype, b) for r in runs for b in r.per_batch})
-    for mode, dtype, b in keys:
-        side = {arm: {r.repeat: r.per_batch[b]["tok_s"] for r in runs
-                      if r.arm == arm and r.mode == mode and r.dtype == dtype and b in r.per_batch}
-                for arm in (baseline, "tuned")}
-        base, tuned = side[baseline], side["tuned"]
-        if not base or not tuned:
-            continue
-        common = sorted(set(base) & set(tuned))
-        paired = len(common) == len(base) == len(tuned)
-        bv = [base[i] for i in common] if paired else list(base.values())
-        tv = [tuned[i] for i in common] if paired else list(tuned.values())
-        label = "bench_one_batch" if mode == "one_batch" else "server"
-        c = compare(f"{label} {dtype} vs {baseline}, batch {b}", bv, tv, x=b, unit="tok/s", min_effect=min_effect)
-        c.extra = {"mode": mode, "dtype": dtype, "baseline_arm": baseline}
-        out.append(c)
+    """tuned vs `baseline` per (measurement, dtype, batch), decode tokens/s, paired by repeat
+    (gate.comparisons_from_runs: the same pairing and noise rule as every other validation)."""
+    label = {"one_batch": "bench_one_batch", "server": "server"}
+    records = [{"side": "baseline" if r.arm == baseline else "tuned", "repeat": r.repeat,
+                "kind": (label[r.mode], r.dtype), "x": b, "metrics": {"tok_s": v["tok_s"]}}
+               for r in runs if r.arm in (baseline, "tuned") for b, v in r.per_batch.items()]
+    out = comparisons_from_runs(records, "tok_s", unit="tok/s", min_effect=min_effect,
+                                label=lambda kind, x: f"{kind[0]} {kind[1]} vs {baseline}, batch {x}")
+    for c in out:
+        what, dtype = c.point.split(" vs ")[0].split(" ", 1)
+        c.extra = {"mode": next(m for m, n in label.items() if n == what), "dtype": dtype, "baseline_arm": baseline}
     return out
 
 
