@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .device import DeviceInfo
+from .export import server_args
 from .export.sglang import PROVENANCE
 from .fsutil import read_json, write_json
 
@@ -161,10 +163,22 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
             raise PublishError(f"branch {branch} already exists in {repo}")
         dest = repo / (path or f"tuned_configs/{src.name}")
         writes, merged, kept = _plan(src, dest)
+        if (src / "backend_choice.json").exists():      # refused here, before the repo is touched
+            try:
+                ours = read_json(src / "backend_choice.json")
+                server_args.check_folder(dest, DeviceInfo.from_dict(ours["device"]), exact=True)
+            except (server_args.ChoicesError, KeyError, TypeError, ValueError) as e:
+                raise PublishError(f"backend choices cannot be merged into {dest}: {e}") from None
         _git(repo, "checkout", "-q", "-b", branch)
         for rel, content in writes.items():
             write_json(dest / rel, content)
-        for extra in ("server_args.yaml", "backend_choice.json", VALIDATION, "report.md", "validation.png"):
+        if (src / "backend_choice.json").exists():
+            # The serving repo's other families stay; ours replace theirs (server_args.merge: one place).
+            try:
+                server_args.merge_folder(src, dest, exact=True)
+            except server_args.ChoicesError as e:
+                raise PublishError(f"backend choices not merged into {dest}: {e}") from None
+        for extra in (VALIDATION, "report.md", "validation.png"):
             if (src / extra).exists():
                 shutil.copy2(src / extra, dest / extra)
         versions = (merged.get("device") or {}).get("versions", {})

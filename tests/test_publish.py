@@ -121,3 +121,37 @@ def test_publish_carries_the_shipped_overlay_and_keeps_a_tuned_file_first(tmp_pa
     assert json.loads((dest / "configs/triton_3_6_0" / other).read_text()) == {"1": A}
     assert json.loads((dest / "configs/triton_3_6_0" / UP).read_text())["1"] == A      # ours, not the shipped B
     assert json.loads((dest / "provenance.json").read_text())["shipped_overlay"]["files"] == rec["files"]
+
+
+def test_publish_merges_server_args_with_the_serving_repos_families(tmp_path, serving):
+    """Two tuned folders, one with the MoE runner choices and one with the FP8 GEMM choice, published
+    one after the other: the serving repo's server_args.yaml ends with both (merged, not replaced)."""
+    import shutil
+    from pathlib import Path
+
+    from autotune.export import server_args
+
+    committed = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
+    folders = {}
+    for name, keep in (("moe", ("moe_fp8", "moe_bf16")), ("gemm", ("fp8_gemm",))):
+        f = tmp_path / name / "NVIDIA_H200"
+        shutil.copytree(committed, f)
+        d = json.loads((f / "backend_choice.json").read_text())
+        d["families"] = {k: v for k, v in d["families"].items() if k in keep}
+        (f / "backend_choice.json").write_text(json.dumps(d))
+        folders[name] = f
+    # the second folder also brings a faster M=1 entry, so it has configs to publish
+    prov = json.loads((folders["gemm"] / "provenance.json").read_text())
+    up = "E=512,N=128,device_name=NVIDIA_H200.json"
+    prov["files"][up]["per_M"]["1"]["tuned_us"] /= 2
+    (folders["gemm"] / "provenance.json").write_text(json.dumps(prov))
+    cfg = folders["gemm"] / "configs/triton_3_6_0" / up
+    c = json.loads(cfg.read_text())
+    c["1"] = {**c["1"], "num_stages": 5 if c["1"]["num_stages"] != 5 else 4}
+    cfg.write_text(json.dumps(c))
+    assert main(["publish", "--to", str(serving), "--from", str(folders["moe"]), "--branch", "b1"]) == 0
+    values = server_args.read_values(serving / "tuned_configs/NVIDIA_H200/server_args.yaml")
+    assert values.get("moe-runner-backend") == "triton" and "fp8-gemm-backend" not in values
+    assert main(["publish", "--to", str(serving), "--from", str(folders["gemm"]), "--branch", "b2"]) == 0
+    values = server_args.read_values(serving / "tuned_configs/NVIDIA_H200/server_args.yaml")
+    assert values.get("moe-runner-backend") == "triton" and values.get("fp8-gemm-backend") == "triton"

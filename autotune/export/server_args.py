@@ -128,9 +128,10 @@ def _render_checked(details: dict, path: Path) -> str:
                            f"({type(e).__name__}: {e}); move it away to start this folder afresh") from None
 
 
-def check_folder(out: str | Path, device: DeviceInfo) -> None:
-    """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
-    folder = Path(out) / device.file_name
+def check_folder(out: str | Path, device: DeviceInfo, exact: bool = False) -> None:
+    """Raises ChoicesError where `out`/<device> (`exact`: `out`) holds a backend_choice.json a run
+    could not merge into."""
+    folder = Path(out) if exact else Path(out) / device.file_name
     old = _existing(folder, device)
     if old:
         _render_checked({"date": "", **old}, folder / SERVER_ARGS)
@@ -138,9 +139,14 @@ def check_folder(out: str | Path, device: DeviceInfo) -> None:
 
 def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
     """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) into
-    the folder's backend_choice.json, replacing those families and keeping the others, and render
+    `out`/<device>'s backend_choice.json, replacing those families and keeping the others, and render
     server_args.yaml from the result. Returns the YAML path."""
-    folder = Path(out) / device.file_name
+    return merge_into(Path(out) / device.file_name, device, families, checkpoint)
+
+
+def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
+    """`merge` into exactly `folder` (a serving repo's folder need not be named after the device)."""
+    folder = Path(folder)
     old = _existing(folder, device)
     merged = {**old.get("families", {}), **families}
     merged = {n: merged[n] for n in sorted(merged, key=lambda n: (FAMILIES.index(n) if n in FAMILIES else 99, n))}
@@ -171,14 +177,17 @@ def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerCh
     return merge(out, device, families, moe_family)
 
 
-def merge_folder(src: str | Path, out: str | Path) -> Path:
-    """Fold another folder's (or backend_choice.json's) families into `out`/<device>: how the
-    results of separate runs on one GPU model (one per kernel family, say) become one file."""
+def merge_folder(src: str | Path, out: str | Path, exact: bool = False) -> Path:
+    """Fold another folder's (or backend_choice.json's) families into `out`/<device> (`exact`: into
+    `out` itself): how the results of separate runs on one GPU model (one per kernel family, say)
+    become one file, and how publish adds ours to a serving repo's."""
     src = Path(src)
     other = _read(src / DETAILS if src.is_dir() else src)
     if not other["families"]:
         raise ChoicesError(f"{src} holds no backend choices")
-    return merge(out, DeviceInfo.from_dict(other["device"]), other["families"], other.get("checkpoint"))
+    device = DeviceInfo.from_dict(other["device"])
+    return (merge_into(out, device, other["families"], other.get("checkpoint")) if exact
+            else merge(out, device, other["families"], other.get("checkpoint")))
 
 
 def read_values(path: str | Path) -> dict:
