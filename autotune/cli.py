@@ -49,7 +49,9 @@ def _open_device(args, kernels=("triton_moe",)):
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
     options = _family_options(args, device)
     exp, plans = _plan(args, device, cache, kernels, options)
-    if not args.replay:
+    if getattr(args, "dry_run", False):
+        pool = None                                  # nothing is measured: no worker processes
+    elif not args.replay:
         workers = args.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
         settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=args.seed, skew=args.skew,
                             routings=args.routings, options=options,
@@ -146,14 +148,20 @@ def cmd_run(args) -> int:
     if args.out is None:
         # Replayed results never land beside configs measured on a GPU.
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
-    try:
-        from .fsutil import check_writable
-        check_writable(args.out)
-    except OSError as e:
-        raise UsageError(str(e))
+    if not args.dry_run:
+        try:
+            from .fsutil import check_writable
+            check_writable(args.out)
+        except OSError as e:
+            raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
     _sku_names(args, device)
     _check_record_device(args.record, device)
+    from .scope import scope
+    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache).lines:
+        print(line)
+    if args.dry_run:
+        return 0
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
     with pool:
@@ -535,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(p)
     _add_search_args(p)
     p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be tuned and the estimated device time, measure and write nothing")
     _add_storage_and_out(p)
     p.add_argument("--record", help="also write every measurement to this cache file")
     p.add_argument("--kernels", default="all",
