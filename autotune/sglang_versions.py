@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The same modules in every release of the table (read from each wheel):
 LOADER = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
 RUNNER = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
 KERNELS = "sglang.kernels.ops.moe.fused_moe_triton_kernels"

@@ -23,6 +23,8 @@ import logging
 import os
 import sys
 
+from autotune.sglang_versions import KERNELS, LOADER, RUNNER  # where every supported release keeps them
+
 PKG = "sglang.srt.layers.moe.moe_runner"
 
 
@@ -48,9 +50,9 @@ def main(root, folder, device_name, E, N, K, top_k, dtype):
     if importlib.util.find_spec("sglang.srt.layers.deep_gemm_wrapper") is not None:
         stub_package("sglang.srt.layers.deep_gemm_wrapper")
     sys.modules[PKG].MoeRunnerConfig = importlib.import_module(f"{PKG}.base").MoeRunnerConfig
-    cfg = importlib.import_module(f"{PKG}.triton_utils.fused_moe_triton_config")
-    fused = importlib.import_module(f"{PKG}.triton_utils.fused_moe")
-    kernels = importlib.import_module("sglang.kernels.ops.moe.fused_moe_triton_kernels")
+    cfg = importlib.import_module(LOADER)
+    fused = importlib.import_module(RUNNER)
+    kernels = importlib.import_module(KERNELS)
 
     from sglang.srt import runtime_context as rc
     import types
