@@ -192,6 +192,12 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _no_bar(args) -> bool:
+    """Progress bars only on a terminal: in a log file they are thousands of carriage returns. The
+    one-line summary after each problem is printed either way."""
+    return bool(args.quiet) or not sys.stderr.isatty()
+
+
 def _check_counts(args) -> None:
     for flag, value, least in (("--trials", args.trials, 1), ("--workers", args.workers, 1),
                                ("--neighbours", args.neighbours, 0), ("--routings", args.routings, 1)):
@@ -252,7 +258,7 @@ def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) ->
     for p in fp.problems:
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                  desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                  desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
             tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
                                  study_device=dev_name)
             bar.update(sum(s.asked for s in tuner.slots.values()))
@@ -313,7 +319,7 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         tuners = []
         for p in fp.problems:
             with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
-                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
                 t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
                 t.measure()
             choices = t.select()
@@ -408,7 +414,7 @@ def cmd_worker(args) -> int:
             raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
         for p in fp.problems:
             with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
-                      desc=p.key, file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+                      desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
                 tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
                                      study_device=run_name)
                 tuner.measure_baselines()
@@ -500,7 +506,7 @@ def cmd_record(args) -> int:
               + (f", budget {budget:.0f} s" if budget else ""))
         t0 = time.monotonic()
         last_write = [t0]
-        with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=args.quiet, dynamic_ncols=True) as bar:
+        with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
             def landed(task, ms):
                 for m in ms:
                     cache.add(m)
