@@ -77,7 +77,10 @@ def _count(storage):
         if not summary.study_name.startswith("triton_moe|"):
             continue
         s = optuna.load_study(study_name=summary.study_name, storage=storage)
-        n += sum(1 for t in s.trials if t.user_attrs.get("measurement", {}).get("status", "invalid") != "invalid")
+        # Only COMPLETE trials hold measurements a run adopts: a process killed between storing a
+        # trial's measurement and telling the trial leaves it RUNNING, and the resumed run asks it again.
+        n += sum(1 for t in s.trials if t.state == optuna.trial.TrialState.COMPLETE
+                 and t.user_attrs.get("measurement", {}).get("status", "invalid") != "invalid")
         n += sum(1 for k in s.user_attrs if k.startswith("baseline:"))
     return n
 
