@@ -95,11 +95,11 @@ def cmd_merge(args) -> int:
 def cmd_rank_model(args) -> int:
     """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
     from . import models
-    from .validate.rank_model import load_hf_config, qwen35_hf_config, write_rank_model
+    from .validate.rank_model import qwen35_hf_config, write_rank_model
 
     if bool(args.model) == bool(args.model_config):
         raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
-    hf = (load_hf_config(args.model_config) if args.model_config
+    hf = (models.read_hf_config(args.model_config) if args.model_config
           else qwen35_hf_config(models.select_models(model=args.model)[0]))
     folder = write_rank_model(args.out, hf, args.tp, args.layers, args.fp8_block)
     text = json.loads((folder / "config.json").read_text())

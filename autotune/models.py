@@ -142,17 +142,27 @@ def _first(cfg: dict, names: tuple[str, ...]):
     return None
 
 
+def read_hf_config(path: str | Path) -> dict:
+    """An HF config.json (or the folder holding it) as a dict; one ModelError line otherwise."""
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"model config not found: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(f"model config {p} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"model config {p} holds a {type(raw).__name__}, not a JSON object")
+    return raw
+
+
 def model_from_hf_config(path: str | Path) -> MoeModel:
     """Read any HF config.json of a MoE model (text_config when present)."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"model config not found: {p}") from None
-    except json.JSONDecodeError as e:
-        raise ModelError(f"model config {p} is not valid JSON: {e}") from None
+    raw = read_hf_config(p)
     cfg = raw.get("text_config") or raw
     # Mixtral-style configs name the expert FFN width plain `intermediate_size`.
     inter = _first(cfg, _KEYS["moe_intermediate_size"])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .device import DeviceInfo
 from .export import server_args
+from .export.overlay import tuned_names
 from .export.sglang import PROVENANCE
 from .fsutil import read_json, write_json
 
@@ -127,7 +128,7 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     # the published folder keeps every shipped shape; never over a tuned file or a file not laid by an overlay.
     overlay = ours_all.get("shipped_overlay")
     if overlay:
-        tuned = {n for name, e in merged["files"].items() for n in (name, e.get("down_file")) if n}
+        tuned = tuned_names(merged)
         theirs_overlay = set((theirs_all.get("shipped_overlay") or {}).get("files", []))
         for rel in overlay.get("files", []):
             if Path(rel).name not in tuned and (rel in theirs_overlay or not (dest / rel).exists()):

@@ -27,7 +27,8 @@ from ..sglang_versions import valid_releases
 OVERLAY = "shipped_overlay"
 
 
-def _tuned_names(prov: dict) -> set[str]:
+def tuned_names(prov: dict) -> set[str]:
+    """The files a provenance.json calls ours: each tuned file and its `_down` file."""
     names = set()
     for up, entry in prov.get("files", {}).items():
         names.add(up)
@@ -53,7 +54,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"
     prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
-    ours = _tuned_names(prov)
+    ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
     tma = TritonMoe._tma_capable(device)
     old = prov.get(OVERLAY, {}).get("files", [])

@@ -15,7 +15,6 @@ TokenizerManager looks for even with `--skip-tokenizer-init`.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 from ..fsutil import write_json
@@ -136,17 +135,3 @@ def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None =
     if any("VL" in a or "ConditionalGeneration" in a for a in cfg.get("architectures", [])):
         _vl_processor(folder)
     return folder
-
-
-def load_hf_config(path: str | Path) -> dict:
-    p = Path(path)
-    p = p / "config.json" if p.is_dir() else p
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"model config not found: {p}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelError(f"model config {p} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ModelError(f"model config {p} holds a {type(raw).__name__}, not a JSON object")
-    return raw
