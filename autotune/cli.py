@@ -5,6 +5,7 @@ import argparse
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,10 +55,21 @@ def _open_device(args, kernels=("triton_moe",)):
     elif not args.replay:
         workers = args.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
         settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=args.seed, skew=args.skew,
-                            routings=args.routings, options=options,
+                            routings=args.routings, options=options, log_path=_worker_log(args),
                             warmup=[(fp.name, [p.to_dict() for p in fp.problems]) for fp in plans if fp.problems])
         pool = WorkerPool(settings, workers, gpus=gpus, timeout_s=args.timeout)
     return device, pool, cache, exp, plans
+
+
+def _worker_log(args) -> str | None:
+    """Workers' output (compiler dumps, library warnings) goes to a file, named once here;
+    --log-level debug leaves it on the terminal."""
+    if getattr(args, "log_level", "info") == "debug":
+        return None
+    path = getattr(args, "worker_log", None) or os.path.join(
+        tempfile.gettempdir(), f"autotune-workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    print(f"worker output (compiler messages, full errors): {path}")
+    return path
 
 
 def _family_options(args, device) -> dict:
@@ -114,6 +126,11 @@ def _add_device_args(p) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--skew", type=float, default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
     g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
+    g.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
+                   help="warning: no progress bars; debug: Optuna's own log and the workers' output on the terminal")
+    g.add_argument("--worker-log", metavar="FILE",
+                   help="where measurement processes write (compiler dumps, full errors); default a new file "
+                        "in the temp folder, named at the start")
     g.add_argument("--replay-realtime", type=float, default=0.0,
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
 
@@ -131,8 +148,23 @@ def _plan(args, device, cache, kernels=("triton_moe",), options=None):
     for fp in plans:
         for p in fp.problems[:1]:
             for g in fp.family.gemms:
-                fp.family.space(p, g, device)   # a bad search-space file fails here, before any work
+                space = fp.family.space(p, g, device)   # a bad search-space file fails here, before any work
+                _check_runnable(fp.family, space, p, g, device)
     return exp, plans
+
+
+def _check_runnable(family, space, problem, gemm, device) -> None:
+    """A search space none of whose configs this device can run is bad input, not an empty result."""
+    first = None
+    for config in space.configs():
+        why = family.check(config, problem, gemm, device)
+        if why is None:
+            return
+        first = first or why
+    if first is not None:
+        where = getattr(family, "space_path", None) or "the search space"
+        raise UsageError(f"{where}: no {gemm} config of it runs on {device.name} for {problem.key} "
+                         f"(all {space.size()} rejected before compiling, e.g. {first})")
 
 
 def cmd_run(args) -> int:
@@ -149,9 +181,13 @@ def cmd_run(args) -> int:
         # Replayed results never land beside configs measured on a GPU.
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     if not args.dry_run:
+        from .fsutil import check_writable
         try:
-            from .fsutil import check_writable
             check_writable(args.out)
+            if args.json:
+                if Path(args.json).is_dir():
+                    raise OSError(f"--json {args.json} is a folder; name a file")
+                check_writable(Path(args.json).parent)
         except OSError as e:
             raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
@@ -164,7 +200,9 @@ def cmd_run(args) -> int:
         return 0
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
-    with pool:
+    from .run_lock import run_lock
+    from .study import DEFAULT_STORAGE
+    with pool, run_lock(storage, args.storage or DEFAULT_STORAGE, run_name):
         label = ("REPLAY of a recorded measurement cache (" + args.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
         print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
@@ -176,10 +214,14 @@ def cmd_run(args) -> int:
                 continue
             for p, why in fp.skipped:
                 print(f"skip {fp.name} {p.key}: {why}")
+            for p, lacking in fp.unrecorded:
+                print(f"replay: {fp.name} {p.key}: batch sizes {','.join(map(str, lacking))} are not in the "
+                      f"recording; tuning {','.join(map(str, p.batch_sizes))}")
         if "triton_moe" in kernels:
             _print_shared(exp)
         if not any(fp.problems for fp in plans):
-            raise UsageError("nothing to tune on this device (see the lines above)")
+            raise UsageError("nothing to tune on this device: " + "; ".join(
+                f"{fp.name}: {fp.unsupported}" for fp in plans if fp.unsupported))
         from .study import Clock
         clock = Clock(pool)
         dev_name = run_name
@@ -189,13 +231,14 @@ def cmd_run(args) -> int:
         backend_plans = [fp for fp in plans if fp.name != "triton_moe" and fp.problems]
         if backend_plans:
             _run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
+    _write_summary(args, device)
     return 0
 
 
 def _no_bar(args) -> bool:
     """Progress bars only on a terminal: in a log file they are thousands of carriage returns. The
     one-line summary after each problem is printed either way."""
-    return bool(args.quiet) or not sys.stderr.isatty()
+    return bool(args.quiet) or getattr(args, "log_level", "info") == "warning" or not sys.stderr.isatty()
 
 
 def _check_counts(args) -> None:
@@ -308,7 +351,7 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
 
     from .choice import BackendTuner, server_choice
     from .export import server_args
-    from .report import backend_table, format_table
+    from .report import backend_table, format_table, table_records
 
     try:       # a folder whose choices cannot be merged is refused before anything is measured
         server_args.check_folder(args.out, device)
@@ -325,7 +368,10 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
             choices = t.select()
             tuners.append(t)
             print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
-            print(format_table(backend_table(t, choices)))
+            table = backend_table(t, choices)
+            print(format_table(table))
+            _summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
+                                                           "disqualified": sorted(t.disqualified())})
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
             for b, m in sorted(t.unavailable_backends().items()):
@@ -343,16 +389,33 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
               + f"; {other.mix} mix: {other.backend or 'none eligible'}")
         results.append(([chosen, other], fp.family))
+        _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
     try:
         path = server_args.write(args.out, device, results, args.checkpoint, details)
     except server_args.ChoicesError as e:
         raise UsageError(f"server_args.yaml not written: {e}") from None
     print(f"\nwrote {path}")
+    _summary(args)["server_args"] = str(path)
+
+
+def _summary(args) -> dict:
+    """What the run did, for --json (written once at its end)."""
+    if not hasattr(args, "_summary"):
+        args._summary = {"command": "autotune " + " ".join(sys.argv[1:])}
+    return args._summary
+
+
+def _write_summary(args, device) -> None:
+    if getattr(args, "json", None):
+        from .fsutil import write_json
+        write_json(args.json, {**_summary(args), "device": device.name, "replay": device.is_replay,
+                               "out": str(Path(args.out) / device.file_name)})
+        print(f"wrote {args.json} (summary of the run)")
 
 
 def _select_and_export(args, tuner, device, clock, t0) -> None:
     from .export.sglang import ExportError, export_problem
-    from .report import format_table, problem_table
+    from .report import format_table, problem_table, table_records
     from .select import select_problem
     from .study import safe_url
 
@@ -371,7 +434,11 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
         raise UsageError(str(e))
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
           f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
-    print(format_table(problem_table(choices, trials)))
+    table = problem_table(choices, trials)
+    print(format_table(table))
+    _summary(args).setdefault("triton_moe", []).append(
+        {"problem": p.key, "per_M": table_records(table), "files": summary["files"], "kept": summary["kept"],
+         "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
     for M, why in summary["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(summary["files"]))
@@ -553,6 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say what would be tuned and the estimated device time, measure and write nothing")
     _add_storage_and_out(p)
     p.add_argument("--record", help="also write every measurement to this cache file")
+    p.add_argument("--json", metavar="FILE", help="also write a machine-readable summary of the run here")
     p.add_argument("--kernels", default="all",
                    help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
                         "(default: all that this GPU supports)")
@@ -640,13 +708,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .fsutil import FileFormatError
     from .models import ModelError
+    from .run_lock import RunLocked
     from .spaces import SpaceError
 
     args = build_parser().parse_args(argv)
+    stop = _on_sigterm_interrupt()
+    if getattr(args, "log_level", None) == "debug":
+        import importlib
+
+        import optuna
+        importlib.import_module("autotune.study")    # it quietens Optuna on import: first
+        optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
         return args.fn(args)
-    except (UsageError, ModelError, SpaceError) as e:
+    except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
@@ -660,8 +737,26 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return EXIT_STORAGE_LOST
     except KeyboardInterrupt:
-        print("autotune: interrupted; finished measurements are in the storage, a re-run resumes", file=sys.stderr)
-        return 130
+        by = "SIGTERM" if stop.get("signal") else "SIGINT"
+        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
+              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
+        return 143 if stop.get("signal") else 130
+
+
+def _on_sigterm_interrupt() -> dict:
+    """`docker stop` sends SIGTERM: stop exactly as on Ctrl-C (storage writes are transactions,
+    the trials being measured are re-queued), then exit 143 as a process killed by it would."""
+    import signal
+
+    seen: dict = {}
+
+    def handler(signum, frame):
+        seen["signal"] = signum
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends it at once
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    return seen
 
 
 if __name__ == "__main__":

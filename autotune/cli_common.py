@@ -38,7 +38,7 @@ def _selection(args):
     return (models.select_models(args.shapes, args.model, args.model_config),
             models.parse_int_list(args.tp, "--tp"), models.parse_int_list(args.ep, "--ep"),
             tuple(d.strip() for d in args.dtype.split(",")) if args.dtype else None,
-            models.parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes
+            models.parse_int_list(args.batch_sizes, "--batch-sizes", models.MAX_BATCH) if args.batch_sizes
             else models.DEFAULT_BATCH_SIZES)
 
 

@@ -152,6 +152,9 @@ def cmd_check(args) -> int:
 def cmd_merge_choices(args) -> int:
     from .export import server_args
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
     try:
         for src in args.sources:
             path = server_args.merge_folder(src, args.out)

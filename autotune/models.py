@@ -251,7 +251,12 @@ def expand(models: list[MoeModel], tps=(1, 2, 4, 8), eps=(1,), dtypes=("bf16",),
     return Expansion(list(by_key.values()), shared)
 
 
-def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+# The most tokens one fused-MoE call sees: a forward pass's tokens, bounded by SGLang's chunked
+# prefill (16384 by default; a larger setting is rare). Beyond it a run only allocates.
+MAX_BATCH = (131072, "more tokens than one SGLang forward pass holds")
+
+
+def parse_int_list(text: str, what: str, limit: tuple[int, str] | None = None) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
     except ValueError:
@@ -260,6 +265,8 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
         raise ModelError(f"{what} must hold positive integers, got {text!r}")
     if len(set(vals)) != len(vals):
         raise ModelError(f"{what} lists a value twice: {text!r}")
+    if limit is not None and max(vals) > limit[0]:
+        raise ModelError(f"{what}: {max(vals)} is above {limit[0]} ({limit[1]})")
     return vals
 
 

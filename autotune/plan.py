@@ -6,6 +6,7 @@ choice (fp8_gemm, fp4_gemm). A family that cannot run here is reported once, wit
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from . import models
@@ -25,6 +26,7 @@ class FamilyPlan:
     family: object
     problems: list = field(default_factory=list)
     skipped: list = field(default_factory=list)     # (problem, why)
+    unrecorded: list = field(default_factory=list)  # (problem, batch sizes the replay lacks), tuned without them
     unsupported: str | None = None                  # the whole family cannot run here
 
 
@@ -45,6 +47,9 @@ def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, devi
 
     options = options or {}
     recorded = {(m.problem, m.gemm) for m in cache.records.values()} if cache is not None else set()
+    recorded_Ms: dict = {}       # (problem, GEMM) -> batch sizes the replay holds
+    for m in (cache.records.values() if cache is not None else ()):
+        recorded_Ms.setdefault((m.problem, m.gemm), set()).add(m.M)
     triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
     plans = []
     for name in kernels:
@@ -64,11 +69,26 @@ def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, devi
                 rec = cache.problems.get(p.key)
                 if rec is None or not any((p.key, g) in recorded for g in fam.gemms):
                     why = "not in the replay cache"
-                elif batch_sizes == models.DEFAULT_BATCH_SIZES:
-                    p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
+                else:
+                    if batch_sizes == models.DEFAULT_BATCH_SIZES:
+                        p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
+                    # A replay answers only what was recorded: say once which batch sizes it lacks
+                    # and tune the others, rather than fail every trial at those M.
+                    have = set.intersection(*(recorded_Ms.get((p.key, g), set()) for g in fam.gemms))
+                    lacking = tuple(M for M in p.batch_sizes if M not in have)
+                    if len(lacking) == len(p.batch_sizes):
+                        why = (f"the replay recorded none of batch sizes {_ints(lacking)} "
+                               f"(it has {_ints(sorted(have))})")
+                    elif lacking:
+                        p = dataclasses.replace(p, batch_sizes=tuple(M for M in p.batch_sizes if M in have))
+                        plan.unrecorded.append((p, lacking))
             (plan.skipped.append((p, why)) if why else plan.problems.append(p))
         if not plan.problems and plan.skipped:
             reasons = {why for _, why in plan.skipped}
             plan.unsupported = reasons.pop() if len(reasons) == 1 else "; ".join(sorted(reasons))
         plans.append(plan)
     return triton, plans
+
+
+def _ints(values) -> str:
+    return ",".join(str(v) for v in values)

@@ -163,6 +163,11 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         if _git(repo, "branch", "--list", branch):
             raise PublishError(f"branch {branch} already exists in {repo}")
         dest = repo / (path or f"tuned_configs/{src.name}")
+        blocking = next((p for p in (dest, *dest.parents) if p.exists()), repo)
+        if not blocking.is_dir():
+            raise PublishError(f"--path {path}: {blocking} is a file in the serving repo; name a folder")
+        if repo.resolve() not in dest.resolve().parents:
+            raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
         writes, merged, kept = _plan(src, dest)
         if (src / "backend_choice.json").exists():      # refused here, before the repo is touched
             try:

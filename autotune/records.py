@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -141,8 +142,10 @@ def read_cache(path: str | Path) -> Cache:
                     cache.add(Measurement.from_dict(row), careful=careful)
     except FileNotFoundError:
         raise CacheError(f"measurement cache not found: {path}") from None
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CacheError(f"{path}: unreadable measurement cache ({e})") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
+            AttributeError) as e:
+        # A recording cut short (a killed run, a partial copy) ends mid-stream: EOFError.
+        raise CacheError(f"{path}: unreadable measurement cache ({type(e).__name__}: {e})") from None
     return cache
 
 

@@ -42,6 +42,12 @@ def backend_table(tuner, choices: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def table_records(df: pd.DataFrame) -> list[dict]:
+    """A report table as JSON-ready rows (missing values as null)."""
+    return [{k: (None if isinstance(v, float) and pd.isna(v) else v.item() if hasattr(v, "item") else v)
+             for k, v in row.items()} for row in df.to_dict(orient="records")]
+
+
 def format_table(df: pd.DataFrame) -> str:
     def fmt(col, v):
         if v is None or (isinstance(v, float) and pd.isna(v)):

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import yaml
 
+# search_spaces/ at the top of a checkout; an installed wheel carries it inside the package.
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+if not SPACES_DIR.is_dir():
+    SPACES_DIR = Path(__file__).resolve().parent / "search_spaces"
 _TOP_KEYS = {"family", "params", "gemm_params", "arch"}
 _ARCH_KEYS = {"params"}
 
@@ -92,6 +95,23 @@ def load(family: str, path: str | Path | None = None) -> dict:
             raise SpaceError(f"{p}: arch.{a} overrides unknown parameter(s) {sorted(bad)}")
         arch[str(a)] = over
     return {"path": str(p), "params": base, "gemm_params": gemm, "arch": arch}
+
+
+def check_params(space: Space, where: str, gemm: str, types: dict, optional=()) -> None:
+    """The family's parameters, each a ladder of its type (bool is not an int here)."""
+    unknown = sorted(set(space.params) - set(types))
+    if unknown:
+        raise SpaceError(f"{where}: unknown parameter(s) {unknown} for {space.family}; known: {sorted(types)}")
+    missing = sorted(set(types) - set(space.params) - set(optional))
+    if missing:
+        raise SpaceError(f"{where}: no ladder for {missing} ({gemm} GEMM); every one of {sorted(set(types) - set(optional))} "
+                         "needs one")
+    for name, ladder in space.params.items():
+        want = types[name]
+        bad = [v for v in ladder if type(v) is not want or (want is int and v <= 0)]
+        if bad:
+            kind = "true/false" if want is bool else "positive integers"
+            raise SpaceError(f"{where}: {name} must hold {kind}, got {bad[0]!r}")
 
 
 def resolve(doc: dict, family: str, arch: str, gemm: str) -> Space:

@@ -24,6 +24,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 
@@ -68,6 +69,10 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
     import warnings
 
     url = url or DEFAULT_STORAGE
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        # SQLite creates the file, not its folder: `--storage sqlite:///runs/a.db` should just work.
+        with contextlib.suppress(OSError):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     kwargs = {}
     if shared:
         kwargs = dict(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
@@ -117,6 +122,27 @@ def _fail_dead_trials(study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+def _requeue(study, trial, why: str) -> None:
+    """Fail a trial that was never told, with the reason, and queue its parameters to be asked next."""
+    fail_reason(study, trial.number, why)
+    study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial(trial.params, skip_if_exists=False)
+
+
+def _trailing_duplicates(trials) -> int:
+    """Re-proposals of known configs told since the study's last measured ask: kept in the
+    storage so a resumed run moves on to a fresh config exactly when an uninterrupted one would."""
+    n = 0
+    for t in reversed(trials):
+        if t.state != optuna.trial.TrialState.COMPLETE or "shared_from" in t.user_attrs:
+            continue
+        if t.user_attrs.get("known"):
+            n += 1
+        elif t.user_attrs.get("asked"):
+            break
+    return n
+
+
 def safe_url(url: str) -> str:
     import re
     return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
@@ -149,6 +175,7 @@ class Slot:
     asks_here: int = 0       # asks by this process (loop guard)
     inflight: int = 0        # asked configs submitted and not yet told
     running_all: int = 0     # asked trials RUNNING in the storage, any process (shared studies)
+    dups: int = 0            # re-proposed known configs since the last measured ask (from storage)
     exhausted: bool = False
     indexed: set = field(default_factory=set)   # trial numbers already read
 
@@ -196,6 +223,10 @@ class ProblemTuner:
                 study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
                                             load_if_exists=True)
                 self.slots[g, M] = Slot(g, M, study)
+                if "ladders" not in study.user_attrs:
+                    # Params are ladder positions (the sampler then sees 64 as next to 32 and 128);
+                    # the ladders decode them, and each trial's "config" attribute shows the sizes.
+                    study.set_user_attr("ladders", {k: list(v) for k, v in self.spaces[g].params.items()})
                 self._sync(self.slots[g, M], resume=True)
 
     # -- the measurement index, rebuilt from storage so a resumed run re-measures nothing --------
@@ -208,7 +239,10 @@ class ProblemTuner:
         trials = slot.study.get_trials(deepcopy=False)
         asks = running = 0
         for t in trials:
-            if "shared_from" not in t.user_attrs and t.state != optuna.trial.TrialState.FAIL:
+            # Asked trials only: a queued (WAITING) one is not asked yet, and counting it would
+            # seed a resumed run's sampler differently from the uninterrupted run's.
+            if "shared_from" not in t.user_attrs and t.state in (optuna.trial.TrialState.COMPLETE,
+                                                                 optuna.trial.TrialState.RUNNING):
                 asks += 1
             if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs:
                 running += 1
@@ -220,9 +254,7 @@ class ProblemTuner:
                 if resume and not self.shared:
                     # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
                     # Ask its parameters again first, so the resumed run follows the same path.
-                    fail_reason(slot.study, t.number, "interrupted (the run was stopped); asked again on resume")
-                    slot.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-                    slot.study.enqueue_trial(t.params, skip_if_exists=False)
+                    _requeue(slot.study, t, "interrupted (the run was stopped); asked again on resume")
                     slot.indexed.add(t.number)
                     asks -= 1
                 continue
@@ -234,6 +266,7 @@ class ProblemTuner:
             if t.user_attrs.get("asked") and m.status != records.INVALID:
                 slot.asked += 1
         slot.asks = asks
+        slot.dups = _trailing_duplicates(trials)
         slot.running_all = running
         for name, value in slot.study.user_attrs.items():
             if name.startswith("baseline:"):
@@ -325,8 +358,25 @@ class ProblemTuner:
 
     # -- search -------------------------------------------------------------------------------------
     def search(self) -> None:
-        with self._heartbeats():
-            self._search()
+        try:
+            with self._heartbeats():
+                self._search()
+        except KeyboardInterrupt:     # SIGINT, or SIGTERM (docker stop) turned into one by the CLI
+            self._requeue_running("interrupted (the run was stopped); re-queued")
+            raise
+
+    def _requeue_running(self, why: str) -> None:
+        """The trials being asked or measured when the run was stopped: failed with the reason and
+        their parameters queued, so the resumed run (or another worker, at once) asks them first.
+        A shared study's RUNNING trials of other processes are theirs, not ours."""
+        for slot in self.slots.values():
+            for t in slot.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if "shared_from" in t.user_attrs or (self.shared and t._trial_id not in self._running):
+                    continue
+                try:
+                    _requeue(slot.study, t, why)
+                except Exception:      # told meanwhile, or the storage is gone: resume copes
+                    pass
 
     @contextlib.contextmanager
     def _heartbeats(self):
@@ -454,32 +504,23 @@ class ProblemTuner:
                     slot.study.enqueue_trial(idx, skip_if_exists=True)
 
     def _ask(self, slot: Slot):
-        """A config to measure at slot.M, or None when the study's space is used up."""
+        """A config to measure at slot.M, or None when the study's space is used up.
+
+        Every ask is decided from the storage alone (what is queued, how many asks and
+        re-proposals it holds) with a sampler seeded by that count, so a run killed at any point
+        and resumed asks exactly what the uninterrupted run would have."""
         space, dists, study = self.spaces[slot.gemm], self.dists[slot.gemm], slot.study
         if self.shared:
             self._sync(slot)          # fails and re-queues a dead process's trial first
-        study.sampler = self._sampler(slot)
-        # Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume,
-        # a dead process's re-queued trial): the queue is popped first and the path must not fork.
-        queued = bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-        partner = [g for g in self.family.gemms if g != slot.gemm]
-        if not queued and partner and slot.asked >= self.settings.startup and slot.asks % 3 == 2:
-            pb = self.best(partner[0], slot.M)
-            if pb is not None and pb.config.get("BLOCK_SIZE_M") in space.params["BLOCK_SIZE_M"]:
-                study.enqueue_trial({"BLOCK_SIZE_M": space.params["BLOCK_SIZE_M"].index(pb.config["BLOCK_SIZE_M"])})
-        if (not queued and slot.asked >= self.settings.trials * (1 - self.settings.polish)
-                and self.ok_measurements(slot.gemm, slot.M)):
-            # Polish: the optima are narrow (on the H200 at M=1 three of 2570 gate_up configs lie
-            # within 2% of the best), so finish with coordinate moves around the top configs.
-            fresh = self._fresh_config(slot)
-            if fresh is not None:
-                study.enqueue_trial(space.indices_of(fresh))
-        dups = 0
         while slot.asks_here < 50 * self.settings.trials + 200:
             slot.asks_here += 1
+            if not self._queue_next(slot):
+                return None
+            study.sampler = self._sampler(slot)
             slot.asks += 1
             trial = study.ask(dists)
             config = space.config_at(trial.params)
+            trial.set_user_attr("config", config)     # tile sizes, for people reading the study
             reason = self.family.check(config, self.problem, slot.gemm, self.device)
             if reason:
                 m = records.failure(self.problem.key, slot.gemm, slot.M, config, records.INVALID, reason)
@@ -495,18 +536,40 @@ class ProblemTuner:
             known = self.measured[slot.gemm, slot.M].get(ck)
             if known is not None or (slot.gemm, slot.M, ck) in self.pending:
                 # Re-proposed: answer from what is known at no device cost.
-                value = known.time_us if known is not None and known.ok else math.inf
-                study.tell(trial, value)
-                dups += 1
-                if dups >= 4:
-                    fresh = self._fresh_config(slot)
-                    if fresh is None:
-                        return None
-                    study.enqueue_trial(space.indices_of(fresh))
-                    dups = 0
+                trial.set_user_attr("known", True)
+                study.tell(trial, known.time_us if known is not None and known.ok else math.inf)
+                slot.dups += 1
                 continue
+            slot.dups = 0
             return trial, config
         return None
+
+    def _queue_next(self, slot: Slot) -> bool:
+        """Queue what the next ask must be, if anything (False: the space is used up).
+        Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume, a
+        dead process's re-queued trial): the queue is popped first and the path must not fork."""
+        space, study = self.spaces[slot.gemm], slot.study
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return True
+        partner = [g for g in self.family.gemms if g != slot.gemm]
+        if partner and slot.asked >= self.settings.startup and slot.asks % 3 == 2:
+            pb = self.best(partner[0], slot.M)
+            if pb is not None and pb.config.get("BLOCK_SIZE_M") in space.params["BLOCK_SIZE_M"]:
+                study.enqueue_trial({"BLOCK_SIZE_M": space.params["BLOCK_SIZE_M"].index(pb.config["BLOCK_SIZE_M"])})
+                return True
+        polishing = (slot.asked >= self.settings.trials * (1 - self.settings.polish)
+                     and self.ok_measurements(slot.gemm, slot.M))
+        if polishing or slot.dups >= 4:
+            # Polish: the optima are narrow (on the H200 at M=1 three of 2570 gate_up configs lie
+            # within 2% of the best), so finish with coordinate moves around the top configs.
+            # Four re-proposals in a row: the sampler is stuck, move it on the same way.
+            fresh = self._fresh_config(slot)
+            if fresh is not None:
+                study.enqueue_trial(space.indices_of(fresh))
+                slot.dups = 0
+            elif slot.dups >= 4:
+                return False
+        return True
 
     def _fresh_config(self, slot: Slot) -> dict | None:
         """An unmeasured valid config: a one-step neighbour of a top config, else any."""
@@ -536,7 +599,6 @@ class ProblemTuner:
     def _told(self, task: Task, ms: list[Measurement]) -> None:
         kind, slot, trial = task.tag
         slot.inflight -= 1
-        self._running.pop(trial._trial_id, None)
         # Neighbours first, the asked trial last: a process killed in between re-asks the same
         # config on resume and finds the neighbour measurements already there.
         for m in sorted(ms, key=lambda m: m.M == slot.M):
@@ -560,6 +622,7 @@ class ProblemTuner:
                     self._add(slot, m, {"late_for": trial.number})
             else:
                 self._add(self.slots[task.gemm, m.M], m, {"shared_from": slot.M})
+        self._running.pop(trial._trial_id, None)     # after the tell: a stop before it re-queues the trial
         if self.progress is not None:
             self.progress.update(1)
             b = self.best(slot.gemm, slot.M)
@@ -570,7 +633,7 @@ class ProblemTuner:
         idx = self.spaces[slot.gemm].indices_of(m.config)
         slot.study.add_trial(optuna.trial.create_trial(
             params=idx, distributions=self.dists[slot.gemm], value=m.time_us if m.ok else math.inf,
-            user_attrs={ATTR: m.to_dict(), "shared_from": attrs.get("shared_from", slot.M), **attrs}))
+            user_attrs={ATTR: m.to_dict(), "config": self.spaces[slot.gemm].config_at(idx), "shared_from": attrs.get("shared_from", slot.M), **attrs}))
 
     def complete(self) -> bool:
         """Every study reached its trial budget (or ran out of configs)."""

@@ -15,7 +15,9 @@ import fcntl
 import itertools
 import multiprocessing as mp
 import os
+import re
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +44,9 @@ class Settings:
     # (alignment, quantization, FlashInfer modules) before the others start, so N processes do
     # not race N nvcc builds.
     warmup: list = field(default_factory=list)
+    # Where workers' stdout and stderr go (file descriptors, so compiler dumps from C++ too):
+    # never the user's terminal. None leaves them alone.
+    log_path: str | None = None
 
 
 @dataclass
@@ -78,7 +83,30 @@ def _gpu_lock(lock_dir: str, gpu: int):
     return fd
 
 
+def failure_reason(stage: str, exc: BaseException) -> str:
+    """One line for the record; the whole text (an MLIR error is many lines) goes to the log."""
+    name = type(exc).__name__
+    print(f"[{stage}] {name}: {exc}", file=sys.stderr, flush=True)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return f"{stage}: {name}"
+    text = lines[0]
+    if re.fullmatch(r"at \d+:\d+:", text) and len(lines) > 1:
+        text = f"{lines[-1]} ({text[:-1]})"     # Triton: location, source excerpt, message last
+    more = " [full text in the worker log]" if len(lines) > 1 else ""
+    return f"{stage}: {name}: {text[:240]}{more}"
+
+
+def _to_log(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool = False) -> None:
+    if settings.log_path:
+        _to_log(settings.log_path)
     if settings.on_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -195,7 +223,7 @@ class _Measurer:
             compile_s = time.perf_counter() - t0
         except BaseException as e:
             status, fatal = classify(e)
-            return failed(status, f"{stage}: {type(e).__name__}: {str(e).strip()[:300]}"), fatal
+            return failed(status, failure_reason(stage, e)), fatal
         stage = "first launch"
         try:
             with self.gpu():
@@ -217,7 +245,7 @@ class _Measurer:
                      else self.time_gpu(launch, s.routings, repeats=repeats))
         except BaseException as e:
             status, fatal = classify(e)
-            return failed(status, f"{stage}: {type(e).__name__}: {str(e).strip()[:300]}", compile_s=compile_s), fatal
+            return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal
         return Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
                            compile_s, t.bench_s, t.samples), False
 

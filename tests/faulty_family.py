@@ -49,7 +49,10 @@ class Faulty:
 
     def compile(self, config, inputs):
         if config["mode"] == "compile":
-            raise CompilationError("at 12:4: unsupported layout")
+            # As Triton fails: MLIR's pass manager writes its dump to file descriptor 2 from C++,
+            # and the exception holds a location, a source excerpt and the message last.
+            os.write(2, b"// -----// IR Dump Before TritonGPUPipeline //----- //\nmodule {\n  tt.func @k() {\n")
+            raise CompilationError("at 12:4:\n    acc = tl.dot(a, b, acc)\n    ^\nunsupported layout")
 
     def run(self, config, inputs, routing):
         mode = config["mode"]

@@ -12,6 +12,8 @@ from autotune.models import Problem
 from autotune.worker import Settings, WorkerPool
 from tests.faulty_backends import FaultyBackends
 
+pytestmark = pytest.mark.slow      # a worker pool measuring every backend
+
 DEVICE = DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376, kind="cpu-interpreter")
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2, 64, 1024))
 

@@ -44,6 +44,7 @@ def compile_in_fresh_process(samples) -> list:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_recompiling_a_sample_gives_the_recorded_shared_memory():
     rec = load(120)
     assert rec is not None and rec["triton"] == "3.8.0", "search_spaces/compiled/sm120.json (autotune compile-limits)"

@@ -15,7 +15,6 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("gemm", ["gate_up", "down"])
 @pytest.mark.parametrize("config", CONFIGS, ids=["bm16", "bm32"])
 def test_sglang_kernel_matches_reference(gemm, config):

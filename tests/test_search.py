@@ -60,3 +60,19 @@ def test_rejected_configs_cost_no_device_time(grid_cache):
                if tr.user_attrs.get("measurement", {}).get("status") == "invalid"]
     assert invalid                                   # the sampler did propose over-limit tiles...
     assert pool.answered == t.evaluations()          # ...and none of them reached the device
+
+
+def test_a_study_read_in_optunas_dashboard_shows_tile_sizes(grid_cache):
+    """Params are ladder positions (ordinal for the sampler); every trial also carries its tile
+    sizes, and the study the ladders that decode its params."""
+    t, _ = _tuner(grid_cache, trials=4, seed=2)
+    t.measure_baselines()
+    t.search()
+    for (gemm, M), slot in t.slots.items():
+        ladders = slot.study.user_attrs["ladders"]
+        told = [tr for tr in slot.study.trials if tr.state == optuna.trial.TrialState.COMPLETE]
+        assert told
+        for tr in told:
+            sizes = tr.user_attrs["config"]
+            assert sizes == {k: ladders[k][i] for k, i in tr.params.items()}
+            assert sizes["BLOCK_SIZE_M"] in (16, 32, 64, 128, 256)

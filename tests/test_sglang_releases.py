@@ -39,6 +39,7 @@ def probe(release: str, folder: Path, dtype: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", sorted(RELEASES))
 @pytest.mark.parametrize("folder", ["tuned_configs/NVIDIA_H200", "tuned_configs/sglang-0.5.16/NVIDIA_H200"])
 @pytest.mark.parametrize("dtype", sorted(PROBLEMS))
@@ -54,6 +55,7 @@ def test_committed_files_run_exactly_in_the_releases_their_provenance_names(rele
     assert runs == (release in prov["sglang_versions"]), (release, prov["sglang_versions"], got["per_M"])
 
 
+@pytest.mark.slow
 def test_the_version_table_agrees_with_each_releases_code(tmp_path):
     """A file with USE_TMA in the up and the down file: each release's code must reject or accept it
     exactly as the table says (a wrong table entry fails here, not in a user's server)."""
@@ -83,6 +85,7 @@ def replayed(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow
 def test_export_for_an_older_release_drops_up_tma_by_choosing_again(replayed):
     folder = replayed / "old/NVIDIA_H200"
     up = json.loads(find(folder, PROBLEMS["bf16"]).read_text())

@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import GRID, ROOT
 
+pytestmark = pytest.mark.slow      # subprocess runs and workers, PostgreSQL, kill/resume
+
 PG = os.environ.get("AUTOTUNE_TEST_POSTGRES")
 if not PG and os.environ.get("AUTOTUNE_REQUIRE_POSTGRES") == "1":
     raise RuntimeError("AUTOTUNE_REQUIRE_POSTGRES=1 but AUTOTUNE_TEST_POSTGRES is not set")
@@ -102,9 +104,9 @@ def asked_trials(study):
 
 
 @needs_pg
-def test_four_workers_share_200_trials_exactly_and_lose_nothing():
+def test_four_workers_share_120_trials_exactly_and_lose_nothing():
     study = f"t4-{uuid.uuid4().hex[:8]}"
-    procs = [worker(study, 50, 2.0) for _ in range(4)]
+    procs = [worker(study, 30, 2.0) for _ in range(4)]
     outs = finish(procs)
     assert all(p.returncode == 0 for p in procs), outs
     ss = studies(study)
@@ -118,7 +120,7 @@ def test_four_workers_share_200_trials_exactly_and_lose_nothing():
             if t.state == optuna.trial.TrialState.FAIL:
                 assert reason(s, t), t
         asked = [t for t in s.trials if t.user_attrs.get("asked")]
-        assert len(asked) == 50, name                              # exactly the budget
+        assert len(asked) == 30, name                              # exactly the budget
         total_with_measurement += sum(1 for t in s.trials if "measurement" in t.user_attrs
                                       and t.user_attrs["measurement"]["status"] != "invalid")
     # every device measurement a worker reports storing is in the storage, once
@@ -324,3 +326,69 @@ def test_workers_started_together_on_a_fresh_database_all_open_it():
         with server.connect() as c:
             c.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         server.dispose()
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_sigint_mark_the_trial_being_measured_and_leave_a_resumable_storage(tmp_path, sig, code):
+    """`docker stop` (SIGTERM) is handled as Ctrl-C: one line, the trial being measured failed
+    with the reason and its parameters queued, exit 143 (130 for SIGINT), and a re-run resumes."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    common = [*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "10", "--quiet",
+              "--storage", url, "--out", str(tmp_path / "out")]
+    # A shell starts background jobs with SIGINT ignored, and Python keeps it so: give the run
+    # the default disposition, as a terminal's foreground process has.
+    p = subprocess.Popen([sys.executable, "-m", "autotune.cli", *common, "--replay-realtime", "2"], cwd=ROOT,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and p.poll() is None and finished_trials(tmp_path / "s.db") < 12:
+        time.sleep(0.5)
+    assert p.poll() is None, "the run to stop never got going"
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == code, out
+    assert "Traceback" not in out and out.strip().splitlines()[-1].startswith("autotune: stopped by " + sig.name)
+    storage = optuna.storages.RDBStorage(url)
+    marked = []
+    for summary in optuna.get_all_study_summaries(storage):
+        s = optuna.load_study(study_name=summary.study_name, storage=storage)
+        assert not [t for t in s.trials if t.state == optuna.trial.TrialState.RUNNING]
+        for t in s.trials:
+            if t.state == optuna.trial.TrialState.FAIL and reason(s, t).startswith("interrupted"):
+                waiting = [w.system_attrs.get("fixed_params") for w in s.trials
+                           if w.state == optuna.trial.TrialState.WAITING]
+                assert t.params in waiting          # asked first when the run resumes
+                marked.append(t)
+    assert len(marked) == 1                          # the replay answers one trial at a time
+    resumed = autotune(*common)
+    out, _ = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, out
+    assert len(tuned_files(tmp_path / "out/NVIDIA_H200")) == 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=needs_pg)])
+def test_a_second_run_on_the_same_studies_is_refused_before_measuring(tmp_path, backend):
+    """Two `autotune run`s of one run name on one storage would double its trials: the second
+    says so in one line, exit 2, and the first finishes with exactly its budget."""
+    url = f"sqlite:///{tmp_path / 's.db'}" if backend == "sqlite" else PG
+    study = f"two-{uuid.uuid4().hex[:8]}"
+    common = [*RUN, "--batch-sizes", "1", "--replay", str(GRID), "--trials", "6", "--quiet", "--storage", url,
+              "--study", study]
+    first = autotune(*common, "--replay-realtime", "1", "--out", str(tmp_path / "a"))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None and "device:" not in (first.stdout.readline() or ""):
+        pass
+    assert first.poll() is None, "the first run never got going"
+    second = autotune(*common, "--out", str(tmp_path / "b"))
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 2, out
+    assert "another `autotune run`" in out and "Traceback" not in out
+    assert not (tmp_path / "b").exists()
+    rest, _ = first.communicate(timeout=400)
+    assert first.returncode == 0, rest
+    storage = optuna.storages.RDBStorage(url)
+    for s in optuna.get_all_study_summaries(storage):
+        if f"|{study}~replay|" in s.study_name:
+            trials = optuna.load_study(study_name=s.study_name, storage=storage).trials
+            assert len([t for t in trials if t.user_attrs.get("asked")]) == 6     # not doubled

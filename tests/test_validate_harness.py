@@ -120,6 +120,7 @@ def harness_run(tmp_path_factory):
     return rc, d
 
 
+@pytest.mark.slow
 def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
     rc, d = harness_run
     assert rc == 0
@@ -147,6 +148,7 @@ def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
     assert rec["gate"]["lines"]
 
 
+@pytest.mark.slow
 def test_harness_report_files(harness_run):
     _, d = harness_run
     md = (d / "report.md").read_text()

@@ -7,6 +7,8 @@ from autotune import records
 from autotune.models import Problem
 from autotune.worker import Settings, Task, WorkerPool, classify
 
+pytestmark = pytest.mark.slow      # a pool of worker processes per test module
+
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
 
 
@@ -80,3 +82,17 @@ def test_classify_triton_errors():
     assert classify(RuntimeError("PassManager::run failed")) == (records.COMPILE_ERROR, False)
     assert classify(RuntimeError("CUDA error: misaligned address")) == (records.RUNTIME_ERROR, True)
     assert classify(ValueError("bad")) == (records.RUNTIME_ERROR, False)
+
+
+def test_a_compile_failure_is_one_line_and_its_compiler_dump_goes_to_the_log(tmp_path, capfd):
+    log = tmp_path / "workers.log"
+    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1, log_path=str(log))
+    with WorkerPool(settings, n_workers=1, timeout_s=30) as pool:
+        out = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "compile"}, [1])])
+    m = out["compile"][1]
+    assert m.status == records.COMPILE_ERROR and "\n" not in m.reason
+    assert "unsupported layout (at 12:4)" in m.reason and "worker log" in m.reason
+    terminal = capfd.readouterr()
+    assert "IR Dump" not in terminal.err + terminal.out          # the user's terminal stays clean
+    text = log.read_text()
+    assert "IR Dump Before" in text and "acc = tl.dot" in text    # the whole dump and error, kept

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from ..fsutil import write_json
 from ..records import canonical
+from ..spaces import SPACES_DIR
 
-COMPILED_DIR = Path(__file__).resolve().parent.parent.parent / "search_spaces" / "compiled"
+COMPILED_DIR = SPACES_DIR / "compiled"
 NOT_SHARED = ("GROUP_SIZE_M",)   # config keys that do not change what the kernel allocates
 
 

@@ -222,10 +222,17 @@ class TritonMoe:
             return f"{problem.dtype} needs FP8 tensor cores (SM89+), this is SM{device.sm}"
         return None
 
+    # The keys of SGLang's fused-MoE config and the values its kernel takes: a search-space file
+    # must give a ladder for each (USE_TMA may be left out) and nothing else.
+    PARAMS = {"BLOCK_SIZE_M": int, "BLOCK_SIZE_N": int, "BLOCK_SIZE_K": int, "GROUP_SIZE_M": int,
+              "num_warps": int, "num_stages": int, "USE_TMA": bool}
+    OPTIONAL = ("USE_TMA",)
+
     def space(self, problem: Problem, gemm: str, device: DeviceInfo):
         if self._space_doc is None:
             self._space_doc = spaces.load(self.name, self.space_path)
         space = spaces.resolve(self._space_doc, self.name, device.arch, gemm)
+        spaces.check_params(space, self._space_doc["path"], gemm, self.PARAMS, self.OPTIONAL)
         if "USE_TMA" in space.params and self._tma_unavailable(problem, gemm, device):
             space = spaces.Space(space.family, {k: v for k, v in space.params.items() if k != "USE_TMA"})
         return space

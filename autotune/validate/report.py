@@ -9,11 +9,10 @@ per-batch-size kernel tables. All files are written atomically (autotune.fsutil)
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from ..device import software_versions, utc_now
-from ..fsutil import read_json, write_atomic, write_json
+from ..fsutil import read_json, save_figure, write_atomic, write_json
 from .gate import Comparison, GateResult
 
 VALIDATION_JSON = "validation.json"
@@ -62,15 +61,8 @@ def plot(path: Path, comparisons: list[Comparison], *, title: str, x_label: str,
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return True

@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fsutil import save_figure
 from . import BenchmarkError
 from .gate import Comparison, comparisons_from_runs
 
@@ -249,6 +250,8 @@ def plot_arms(path: Path, rows: list[dict], *, title: str) -> bool:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
     return True

@@ -1,0 +1,169 @@
+"""Every bad input of docs/RELIABILITY.md: one line on stderr naming the input and what is wrong,
+the documented exit code, no traceback, every file that existed byte-identical afterwards and no
+tuned file written. Run in-process (`autotune.cli.main`): an uncaught exception fails the test.
+
+The cases that need a process of their own (signals, a storage server, concurrent runs) are in
+tests/test_shared_study.py; docs/RELIABILITY.md names the test of every case, and the last test
+here checks that the table and the tests agree."""
+import gzip
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from tests.conftest import GRID, ROOT
+
+RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+       "--quiet"]
+FULL_SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
+
+
+def _cache_header(name="NVIDIA B200", sm=100) -> str:
+    return json.dumps({"kind": "autotune-measurement-cache", "version": 1, "device": {"name": name, "sm": sm},
+                       "problems": {}, "notes": {}}) + "\n"
+
+
+def _gz(path: Path, text: str) -> Path:
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    return path
+
+
+def _run(t, *extra, replay=True, bs="8"):
+    return [*RUN, "--out", str(t / "out"), "--storage", f"sqlite:///{t / 'a.db'}",
+            *(["--replay", str(GRID)] if replay else []), *(["--batch-sizes", bs] if bs else []), *extra]
+
+
+def _tuned(t, corrupt=None):
+    """A tuned folder as `run` + `validate --gate` leave it, one of its JSON files then cut short."""
+    from tests.test_publish import tuned
+    folder = tuned(t, "tuned", {1: 10.0})
+    if corrupt:
+        (folder / corrupt).write_text('{"files": {')
+    return folder
+
+
+def _serving(t):
+    import subprocess
+    repo = t / "serving"
+    repo.mkdir()
+    (repo / "README").write_text("deploy repo\n")
+    for cmd in (["init", "-q", "-b", "main"], ["add", "README"],
+                ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, capture_output=True)
+    return repo
+
+
+# id -> (argv from the temp folder (which it may fill with the bad input), exit code, what the line says)
+CASES = {
+    "record-not-a-cache": (lambda t: _run(t, "--record", _write(t / "notes.txt", "my notes\n")),
+                           2, "refusing to overwrite it"),
+    "record-other-gpu": (lambda t: _run(t, "--record", str(_gz(t / "b200.jsonl.gz", _cache_header()))),
+                         2, "holds measurements of NVIDIA B200"),
+    "record-truncated": (lambda t: _run(t, "--record", _cut(GRID, t / "cut.jsonl.gz")), 2, "refusing to overwrite it"),
+    "config-json-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", "[1, 2]")],
+                         2, "holds a list, not a JSON object"),
+    "config-json-binary": (lambda t: ["shapes", "--model-config", _write(t / "config.json", b"\x89PNG\x00\xff")],
+                           2, "config.json"),
+    "replay-truncated": (lambda t: _run(t, replay=False) + ["--replay", _cut(GRID, t / "cut.jsonl.gz")], 2, "cut.jsonl.gz"),
+    "replay-empty-name": (lambda t: _run(t, replay=False) + ["--replay", f"{GRID},"], 2, "empty name"),
+    "replay-missing": (lambda t: _run(t, replay=False) + ["--replay", str(t / "nothing.jsonl.gz")], 2, "nothing.jsonl.gz"),
+    "space-unknown-key": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "  num_warps:", "  BLOCK_SIZE_Q: [1]\n  num_warps:"))), 2, "unknown parameter(s) ['BLOCK_SIZE_Q']"),
+    "space-not-integer": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "BLOCK_SIZE_M: [16,", "BLOCK_SIZE_M: [sixteen,"))), 2, "BLOCK_SIZE_M must hold positive integers"),
+    "space-missing-key": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", re.sub(
+        r"  GROUP_SIZE_M: .*\n", "", FULL_SPACE))), 2, "no ladder for ['GROUP_SIZE_M']"),
+    "space-nothing-runs": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", (
+        "family: triton_moe\nparams:\n  BLOCK_SIZE_M: [256]\n  BLOCK_SIZE_N: [256]\n  BLOCK_SIZE_K: [256]\n"
+        "  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [5]\n"))), 2, "no gate_up config of it runs on NVIDIA H200"),
+    "batch-sizes-repeated": (lambda t: _run(t, bs="1,1,8,8"), 2, "lists a value twice"),
+    "batch-size-absurd": (lambda t: _run(t, bs="100000000"), 2, "100000000 is above 131072"),
+    "batch-size-not-recorded": (lambda t: _run(t, bs="3"), 2, "the replay recorded none of batch sizes 3"),
+    "neighbours-negative": (lambda t: _run(t, "--neighbours", "-1"), 2, "--neighbours must be at least 0"),
+    "workers-zero": (lambda t: _run(t, "--workers", "0"), 2, "--workers must be at least 1"),
+    "trials-zero": (lambda t: _run(t, "--trials", "0"), 2, "--trials must be at least 1"),
+    "budget-unreadable": (lambda t: _run(t, "--budget", "soon"), 2, "--budget"),
+    "kernel-unknown": (lambda t: _run(t) + ["--kernels", "fp3_gemm"], 2, "unknown kernel family 'fp3_gemm'"),
+    "out-is-a-file": (lambda t: [*_run(t)[:-6], "--out", _write(t / "f", "x"), "--storage", f"sqlite:///{t}/a.db",
+                                 "--replay", str(GRID), "--batch-sizes", "8"], 2, "is not writable"),
+    "json-is-a-folder": (lambda t: _run(t, "--json", str(t)), 2, "is a folder"),
+    "no-gpu-no-replay": (lambda t: _run(t, replay=False), 2, "no GPU visible and no --replay"),
+    "sglang-version-unknown": (lambda t: _run(t, "--sglang-version", "0.4.0"), 2, "0.4.0"),
+    "storage-not-a-database": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                          f"sqlite:///{_write(t / 'x.db', 'not a database')}", "--replay", str(GRID),
+                                          "--batch-sizes", "8"], 2, "x.db"),
+    "publish-validation-malformed": (lambda t: ["publish", "--to", str(_serving(t)), "--from",
+                                                str(_tuned(t, "validation.json"))], 2, "validation.json"),
+    "publish-provenance-malformed": (lambda t: ["publish", "--to", str(_serving(t)), "--from",
+                                                str(_tuned(t, "provenance.json"))], 2, "provenance.json"),
+    "publish-path-is-a-file": (lambda t: ["publish", "--to", str(_serving(t)), "--from", str(_tuned(t)),
+                                          "--path", "README"], 2, "README"),
+    "merge-choices-out-is-a-file": (lambda t: ["merge-choices", str(_tuned(t)), "--out", _write(t / "f", "x")],
+                                    2, "is a file"),
+    "check-no-provenance": (lambda t: ["check", str(_dir(t / "empty"))], 2, "provenance.json"),
+}
+
+
+def _write(path: Path, content) -> str:
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return str(path)
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _cut(src: Path, dst: Path) -> str:
+    dst.write_bytes(src.read_bytes()[:5000])
+    return str(dst)
+
+
+def _snapshot(root: Path) -> dict:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path, capsys, case):
+    argv_of, code, says = CASES[case]
+    argv = argv_of(tmp_path)
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code, err
+    assert len(err) == 1 and err[0].startswith("autotune: error: ") and says in err[0], err
+    after = _snapshot(tmp_path)
+    assert {p: h for p, h in after.items() if p in before} == before       # nothing that existed changed
+    assert not [p for p in after if p.suffix == ".json" and p not in before]   # no tuned file written
+    if case == "no-gpu-no-replay":
+        assert not (tmp_path / "out").exists()                              # not even an empty folder
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    """The table of docs/RELIABILITY.md: id -> its cells."""
+    rows = {}
+    for line in (ROOT / "docs/RELIABILITY.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| ") else []
+        if cells and re.fullmatch(r"[a-z0-9-]+", cells[0]) and cells[0] != "id":
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_reliability_doc_lists_every_case_with_its_exit_code_and_a_test_that_exists():
+    rows = _doc_rows()
+    for case, (_, code, _) in CASES.items():
+        assert case in rows, f"docs/RELIABILITY.md does not list {case}"
+        assert rows[case][2] == str(code), (case, rows[case])
+    for case, row in rows.items():
+        test = row[-1].strip("`")
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file(), (case, test)
+        name = name.split("[")[0]
+        assert re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), (case, test)
+        if path.endswith("test_reliability.py"):
+            assert case in CASES, (case, test)
