@@ -1,15 +1,18 @@
-"""Which backend of which kernel family may run on which GPU: the one capability table.
+"""Which backend of which kernel family may run on which GPU: the capability table.
 
-Each backend names the SGLang server-argument value that selects it (None when SGLang cannot
-select it and we measure it for reference only), what it calls, and where its support comes
-from: FlashInfer's own declaration (its `backend_requirement` / `supported_compute_capability`
-decorators, queried at run time, so a FlashInfer upgrade that adds an architecture is seen), or
-an explicit SM set where FlashInfer declares nothing. On top, `KNOWN_FAILURES` records what the
-field showed despite the declarations (the hand investigation on 8x RTX PRO 6000, SM120), with
-the evidence. An unsupported backend is recorded as skipped with its reason and never launched.
+The table is made of the runners' own declarations (autotune.kernels.runner: one module per
+backend in its family's package). Each names the SGLang server-argument value that selects it
+(None when SGLang cannot select it and we measure it for reference only), what it calls, and where
+its support comes from: FlashInfer's own declaration (its `backend_requirement` /
+`supported_compute_capability` decorators, queried at run time, so a FlashInfer upgrade that adds
+an architecture is seen), or an explicit SM set where FlashInfer declares nothing; and what the
+field showed despite the declarations (the hand investigation on 8x RTX PRO 6000, SM120), with the
+evidence. This module applies those rules; an unsupported backend is recorded as skipped with its
+reason and never launched.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .device import DeviceInfo
@@ -23,88 +26,31 @@ FAMILY_FLAGS = {
     "moe_bf16": "moe-runner-backend",
 }
 FAMILIES = tuple(FAMILY_FLAGS)
-
-
-@dataclass(frozen=True)
-class Backend:
-    family: str
-    name: str
-    sglang_value: str | None        # value of FAMILY_FLAGS[family]; None: not selectable in SGLang
-    calls: str                      # the API measured
-    flashinfer: tuple | None = None  # (function, backend argument or None) whose declaration decides
-    sms: frozenset | None = None     # explicit compute capabilities where FlashInfer declares none
-    min_cuda: tuple | None = None    # (major, minor) of the CUDA runtime
-    tactics: bool = False            # has a tactic index to search
-    needs: tuple = ()                # Python modules that must import
-
-
-@dataclass(frozen=True)
-class KnownFailure:
-    family: str
-    backend: str
-    sms: frozenset
-    reason: str
-
+# The package whose modules declare each family's runners.
+RUNNER_PACKAGES = {"fp4_gemm": "autotune.kernels.fp4_gemm", "fp8_gemm": "autotune.kernels.fp8_gemm",
+                   "moe_fp4": "autotune.kernels.moe_backends", "moe_fp8": "autotune.kernels.moe_backends",
+                   "moe_bf16": "autotune.kernels.moe_backends"}
 
 SM100S = frozenset({100, 103})
 SM120S = frozenset({120, 121})
 HOPPER_AND_UP = frozenset({90, 100, 103, 110, 120, 121})
 
-TABLE: tuple[Backend, ...] = (
-    # --- NVFP4 dense GEMM: flashinfer.mm_fp4 --------------------------------------------------
-    Backend("fp4_gemm", "cudnn", "flashinfer_cudnn", "flashinfer.mm_fp4(backend='cudnn')", ("mm_fp4", "cudnn")),
-    Backend("fp4_gemm", "cutlass", "flashinfer_cutlass", "flashinfer.mm_fp4(backend='cutlass')",
-            ("mm_fp4", "cutlass"), tactics=True),
-    Backend("fp4_gemm", "trtllm", "flashinfer_trtllm", "flashinfer.mm_fp4(backend='trtllm')", ("mm_fp4", "trtllm")),
-    Backend("fp4_gemm", "cute-dsl", "flashinfer_cutedsl", "flashinfer.mm_fp4(backend='cute-dsl')", ("mm_fp4", "cute-dsl")),
-    # b12x is what mm_fp4's auto prefers on SM120; SGLang reaches it through `auto`.
-    Backend("fp4_gemm", "b12x", None, "flashinfer.mm_fp4(backend='b12x')", ("mm_fp4", "b12x"),
-            min_cuda=(13, 0), tactics=True),
-    # --- NVFP4 MoE ------------------------------------------------------------------------------
-    Backend("moe_fp4", "flashinfer_cutlass", "flashinfer_cutlass", "flashinfer.cutlass_fused_moe (nvfp4)",
-            sms=frozenset({100, 103, 110, 120, 121}), tactics=True),
-    Backend("moe_fp4", "flashinfer_trtllm", "flashinfer_trtllm", "flashinfer.trtllm_fp4_block_scale_moe",
-            sms=SM100S, tactics=True),
-    Backend("moe_fp4", "flashinfer_cutedsl", "flashinfer_cutedsl", "flashinfer.cute_dsl_fused_moe_nvfp4",
-            ("cute_dsl_fused_moe_nvfp4", None)),
-    Backend("moe_fp4", "b12x", None, "flashinfer.b12x_fused_moe", ("b12x_fused_moe", None), min_cuda=(13, 0)),
-    # --- FP8 dense GEMM (what runs on SM90 too) ---------------------------------------------------
-    Backend("fp8_gemm", "triton", "triton", "SGLang w8a8_block_fp8_matmul (Triton, block [128, 128])",
-            sms=frozenset({89}) | HOPPER_AND_UP, needs=("sglang",)),
-    Backend("fp8_gemm", "deep_gemm", "deep_gemm", "deep_gemm fp8 GEMM (block [128, 128])",
-            sms=frozenset({90, 100, 103}), needs=("deep_gemm",)),
-    Backend("fp8_gemm", "cutlass", "cutlass", "sgl_kernel fp8_blockwise_scaled_mm",
-            sms=frozenset({90, 100, 103, 120, 121}), needs=("sgl_kernel",)),
-    Backend("fp8_gemm", "torch_scaled_mm", None, "torch._scaled_mm (cuBLASLt, per-tensor)",
-            sms=frozenset({89}) | HOPPER_AND_UP),
-    Backend("fp8_gemm", "flashinfer_cublas", None, "flashinfer.bmm_fp8(backend='cublas') (per-tensor)",
-            ("bmm_fp8", "cublas")),
-    Backend("fp8_gemm", "flashinfer_cudnn", None, "flashinfer.bmm_fp8(backend='cudnn') (per-tensor)",
-            ("bmm_fp8", "cudnn")),
-    # --- MoE in FP8 (block [128, 128]) and BF16 -------------------------------------------------
-    Backend("moe_fp8", "triton", "triton", "SGLang fused_moe Triton kernel (tuned configs)",
-            sms=frozenset({89}) | HOPPER_AND_UP, needs=("sglang",)),
-    # FlashInfer's block-scale FP8 CUTLASS MoE exists for SM90 only; SGLang's Fp8MoEMethod has no
-    # flashinfer_cutlass path (it falls back to triton), so it is measured for reference.
-    Backend("moe_fp8", "flashinfer_cutlass", None, "flashinfer.cutlass_fused_moe (fp8 block, deepseek scales)",
-            sms=frozenset({90}), tactics=True),
-    Backend("moe_bf16", "triton", "triton", "SGLang fused_moe Triton kernel (tuned configs)",
-            sms=frozenset({80, 86, 89}) | HOPPER_AND_UP, needs=("sglang",)),
-    Backend("moe_bf16", "flashinfer_cutlass", "flashinfer_cutlass", "flashinfer.cutlass_fused_moe (bf16)",
-            sms=frozenset({89}) | HOPPER_AND_UP, tactics=True),
-)
 
-KNOWN_FAILURES: tuple[KnownFailure, ...] = (
-    KnownFailure("moe_fp4", "flashinfer_trtllm", SM120S,
-                 "crashes the process on load on SM120: its kernels are SM100 cubins (hand investigation, 8x RTX PRO 6000)"),
-    KnownFailure("moe_fp4", "flashinfer_cutedsl", SM120S,
-                 "loads but produces NaN/garbage on SM120 (hand investigation, 8x RTX PRO 6000)"),
-)
+@functools.cache
+def _declared(package: str) -> tuple:
+    from .kernels.runner import discover
+    return tuple(discover(package))
+
+
+def runners(family: str | None = None) -> list:
+    """Every declared runner (of one family)."""
+    families = FAMILIES if family is None else (family,)
+    return [r for f in families for r in _declared(RUNNER_PACKAGES[f]) if r.family == f]
 
 
 @dataclass
 class Availability:
-    backend: Backend
+    backend: object      # the runner
     ok: bool
     reason: str = ""
 
@@ -139,12 +85,12 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def availability(b: Backend, device: DeviceInfo, check_imports: bool = True) -> Availability:
+def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availability:
     sm = device.sm
     needs = b.needs + (("flashinfer",) if "flashinfer" in b.calls else ())
-    for kf in KNOWN_FAILURES:
-        if kf.family == b.family and kf.backend == b.name and sm in kf.sms:
-            return Availability(b, False, f"known failure on SM{sm}: {kf.reason}")
+    for sms, reason in b.known_failures:
+        if sm in sms:
+            return Availability(b, False, f"known failure on SM{sm}: {reason}")
     if b.sms is not None and sm not in b.sms:
         return Availability(b, False, f"supports SM{', SM'.join(str(s) for s in sorted(b.sms))}; this is SM{sm}")
     if b.flashinfer is not None:
@@ -165,13 +111,13 @@ def availability(b: Backend, device: DeviceInfo, check_imports: bool = True) -> 
     return Availability(b, True)
 
 
-def backends(family: str) -> list[Backend]:
+def backends(family: str) -> list:
     if family not in FAMILY_FLAGS:
         raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
-    return [b for b in TABLE if b.family == family]
+    return runners(family)
 
 
-def get(family: str, name: str) -> Backend:
+def get(family: str, name: str):
     for b in backends(family):
         if b.name == name:
             return b

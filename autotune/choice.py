@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 import optuna
 
 from . import records
+from .finalists import TUNED, Finalist, remeasure, score, winner
+from .kernels.backend_family import LAYER
 from .records import Measurement, config_key
 from .worker import Task, run_tasks
 
@@ -27,7 +29,10 @@ MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
 
 
 def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
-    return f"{family}|{device_name}|{problem_key}|M={M}"
+    # "|backends": the params' value sets below are every declared backend, the same on every
+    # machine; studies of older releases (the available ones only, which Optuna refuses to mix)
+    # are left alone under their old names.
+    return f"{family}|{device_name}|{problem_key}|M={M}|backends"
 
 
 @dataclass
@@ -49,7 +54,10 @@ class BackendTuner:
         self.progress, self.careful_repeats, self.top = progress, careful_repeats, top
         self.Ms = list(problem.batch_sizes)
         self.names = tuple(family.space(problem, "layer", device).params["backend"])
-        self.dists = {"backend": optuna.distributions.CategoricalDistribution(self.names or ("none",)),
+        # Every declared backend, sorted: what may run differs between machines and runs
+        # (--skip-backends, packages), and Optuna refuses a study whose value sets change.
+        declared = tuple(sorted({a.backend.name for a in family.availability(device)} | set(self.names)))
+        self.dists = {"backend": optuna.distributions.CategoricalDistribution(declared or ("none",)),
                       "tactic": optuna.distributions.CategoricalDistribution((-1,))}
         self.measured: dict = {M: {} for M in self.Ms}
         self.careful: dict = {}
@@ -66,7 +74,7 @@ class BackendTuner:
             for k, v in self.studies[M].user_attrs.items():
                 if k.startswith("careful:"):
                     m = Measurement.from_dict(v)
-                    self.careful[M, config_key(m.config)] = m
+                    self.careful[LAYER, M, config_key(m.config)] = m
 
     # -- measuring ---------------------------------------------------------------------------------
     def configs(self) -> list[dict]:
@@ -111,45 +119,39 @@ class BackendTuner:
 
     # -- selection -------------------------------------------------------------------------------------
     def select(self) -> dict[int, Choice]:
-        """Per M: the top few correct backends and SGLang's auto, re-measured; the fastest wins."""
+        """Per M: the top few correct backends and SGLang's auto, re-measured; the fastest wins
+        (autotune.finalists, the selection step the Triton configs go through too)."""
         bad = self.disqualified()
         auto = self.family.sglang_auto(self.device)
+        auto_cfg = {"backend": auto, "tactic": -1}
         plan: dict = {}
         for M in self.Ms:
             oks = sorted((m for m in self.measured[M].values() if m.ok and m.config["backend"] not in bad),
                          key=lambda m: m.time_us)
-            cands = [m.config for m in oks[: self.top]]
-            auto_cfg = {"backend": auto, "tactic": -1}
-            if (auto in self.names and auto not in bad and auto_cfg not in cands
-                    and (M, config_key(auto_cfg)) not in self.unavailable):
-                cands.append(auto_cfg)
+            cands = [Finalist(TUNED, {LAYER: m.config}) for m in oks[: self.top] if m.config != auto_cfg]
+            if (auto in self.names and auto not in bad and (M, config_key(auto_cfg)) not in self.unavailable):
+                cands.append(Finalist("auto", {LAYER: auto_cfg}))
             plan[M] = cands
-        wanted: dict = {}
-        for M, cands in plan.items():
-            for c in cands:
-                if (M, config_key(c)) not in self.careful:
-                    wanted.setdefault(config_key(c), (c, []))[1].append(M)
 
-        def done(task, ms):
-            for m in ms:
-                self.measured_now += 1
-                if self._set_aside(m):
-                    continue
-                self.careful[m.M, config_key(m.config)] = m
-                self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
-        run_tasks(self.pool, [self._task(c, Ms, repeats=self.careful_repeats) for c, Ms in wanted.values()], done)
+        def store(gemm, m):
+            self.measured_now += 1
+            if self._set_aside(m):
+                return
+            self.careful[LAYER, m.M, config_key(m.config)] = m
+            self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+        remeasure(plan, self.careful, lambda gemm, cfg, Ms: self._task(cfg, Ms, repeats=self.careful_repeats),
+                  lambda tasks, done: run_tasks(self.pool, tasks, done), store)
 
         choices = {}
         for M, cands in plan.items():
-            scored = [(self.careful.get((M, config_key(c))), c) for c in cands]
-            scored = [(m, c) for m, c in scored if m is not None and m.ok]
-            if not scored:
+            scored = [s for s in score(cands, M, self.careful) if s.total_us is not None]
+            win = winner(scored)
+            if win is None:
                 continue
-            # Ties go to SGLang's own choice.
-            best_m, best_c = min(scored, key=lambda mc: (mc[0].time_us, mc[1]["backend"] != auto))
-            auto_m = self.careful.get((M, config_key({"backend": auto, "tactic": -1})))
-            choices[M] = Choice(M, best_c, best_m.time_us, auto_m.time_us if auto_m and auto_m.ok else None,
-                                [{"config": c, "time_us": m.time_us} for m, c in scored])
+            auto_m = self.careful.get((LAYER, M, config_key(auto_cfg)))
+            choices[M] = Choice(M, win.finalist.configs[LAYER], win.total_us,
+                                auto_m.time_us if auto_m and auto_m.ok else None,
+                                [{"config": s.finalist.configs[LAYER], "time_us": s.total_us} for s in scored])
         return choices
 
     def _set_aside(self, m: Measurement) -> bool:
@@ -180,7 +182,7 @@ class BackendTuner:
     def time_of(self, backend: str, M: int) -> float | None:
         """Best known time of a backend at M (careful re-measurement if any), None if not ok."""
         cfg = {"backend": backend, "tactic": -1}
-        m = self.careful.get((M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
+        m = self.careful.get((LAYER, M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
         return m.time_us if m is not None and m.ok else None
 
 

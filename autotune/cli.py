@@ -73,11 +73,11 @@ def _worker_log(args) -> str | None:
 
 
 def _family_options(args, device) -> dict:
-    from .backends import TABLE
+    from .backends import runners
 
     tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
     skip = tuple(b.strip() for b in (getattr(args, "skip_backends", None) or "").split(",") if b.strip())
-    known = sorted({b.name for b in TABLE})
+    known = sorted({b.name for b in runners()})
     unknown = [b for b in skip if b not in known]
     if unknown:
         raise UsageError(f"--skip-backends: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(known)}")

@@ -3,15 +3,16 @@
 SGLang sorts tokens once per batch with the gate_up config's BLOCK_SIZE_M and runs both GEMMs
 on that alignment, so a pair must share BLOCK_SIZE_M. Candidates are the best pairs per
 BLOCK_SIZE_M by search-time measurements, plus SGLang's default and shipped pairs; the top
-few are re-measured with more repeats, and the fastest re-measured pair wins. Baselines are
-candidates, so the winner is never slower than them as measured.
+few are re-measured with more repeats, and the fastest re-measured pair wins (the selection step
+every family shares: autotune.finalists). Baselines are finalists, so the winner is never slower
+than them as measured.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .records import Measurement, config_key
-from .worker import Task
+from .finalists import TUNED, Finalist, remeasure, score, winner
+from .records import Measurement
 
 BASELINES = ("default", "shipped")
 
@@ -56,52 +57,32 @@ def candidate_pairs(gate_up: list[Measurement], down: list[Measurement], top: in
 
 
 def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
-    """Re-measure each M's candidates (all Ms' tasks at once, so compiles run in parallel)."""
-    plan: dict = {}       # M -> list of (source, gate_up config, down config)
+    """Per M: the top pairs and SGLang's default and shipped pairs, re-measured (all Ms' tasks at
+    once, so compiles run in parallel); the fastest wins (autotune.finalists)."""
+    plan: dict = {}       # M -> [Finalist]
     for M in tuner.Ms:
-        cands = [("tuned", g, d) for g, d, _ in candidate_pairs(
+        cands = [Finalist(TUNED, {"gate_up": g, "down": d}) for g, d, _ in candidate_pairs(
             tuner.ok_measurements("gate_up", M), tuner.ok_measurements("down", M), top)]
         for name in BASELINES:
             pair = tuner.baselines.get(M, {}).get(name)
             if pair and (name != "shipped" or tuner.settings.use_shipped) and not any(
                     tuner.family.unwritable(pair[g], g, tuner.device) for g in ("gate_up", "down")):
-                cands.append((name, pair["gate_up"], pair["down"]))
+                cands.append(Finalist(name, {"gate_up": pair["gate_up"], "down": pair["down"]}))
         plan[M] = cands
-    wanted: dict = {}     # (gemm, config_key) -> (config, [M])
-    for M, cands in plan.items():
-        for _, g, d in cands:
-            for gemm, cfg in (("gate_up", g), ("down", d)):
-                entry = wanted.setdefault((gemm, config_key(cfg)), (cfg, []))
-                if M not in entry[1]:
-                    entry[1].append(M)
-    careful = tuner.careful   # re-measurements already in the storage (a resumed run reuses them)
-
-    def done(task: Task, ms: list[Measurement]) -> None:
-        for m in ms:
-            tuner.store_careful(task.gemm, m)
-    tasks = []
-    for (gemm, ck), (cfg, Ms) in wanted.items():
-        Ms = [M for M in Ms if (gemm, M, ck) not in careful]
-        if Ms:
-            tasks.append(tuner._task(gemm, cfg, Ms, tag="select", repeats=careful_repeats))
-    tuner.run_tasks(tasks, done)
+    # re-measurements already in the storage (a resumed run reuses them)
+    remeasure(plan, tuner.careful, lambda gemm, cfg, Ms: tuner._task(gemm, cfg, Ms, tag="select", repeats=careful_repeats),
+              tuner.run_tasks, tuner.store_careful)
 
     choices: dict = {}
     for M, cands in plan.items():
-        scored, baseline_us = [], {}
-        for source, g, d in cands:
-            mg, md = careful.get(("gate_up", M, config_key(g))), careful.get(("down", M, config_key(d)))
-            total = mg.time_us + md.time_us if mg and md and mg.ok and md.ok else None
-            if source in BASELINES:
-                baseline_us[source] = total
-            scored.append({"source": source, "gate_up": g, "down": d, "total_us": total,
-                           "gate_up_us": mg.time_us if mg and mg.ok else None,
-                           "down_us": md.time_us if md and md.ok else None})
-        ok = [c for c in scored if c["total_us"] is not None]
-        if not ok:
+        scored = score(cands, M, tuner.careful)
+        win = winner(scored)
+        if win is None:
             continue
-        # Ties go to the baseline: equal speed is no reason to ship a new config.
-        win = min(ok, key=lambda c: (c["total_us"], c["source"] == "tuned"))
-        choices[M] = Choice(M, win["gate_up"], win["down"], win["gate_up_us"], win["down_us"], win["source"],
-                            baseline_us, scored)
+        baseline_us = {s.finalist.source: s.total_us for s in scored if s.finalist.source in BASELINES}
+        rows = [{"source": s.finalist.source, "gate_up": s.finalist.configs["gate_up"],
+                 "down": s.finalist.configs["down"], "total_us": s.total_us,
+                 "gate_up_us": s.times["gate_up"], "down_us": s.times["down"]} for s in scored]
+        choices[M] = Choice(M, win.finalist.configs["gate_up"], win.finalist.configs["down"], win.times["gate_up"],
+                            win.times["down"], win.finalist.source, baseline_us, rows)
     return choices

@@ -15,7 +15,8 @@ import signal
 import time
 from types import SimpleNamespace
 
-from autotune.backends import Availability, Backend
+from autotune.backends import Availability
+from autotune.kernels.runner import Runner
 from autotune.spaces import Space
 
 VALUES = {"nan_at_2": "flashinfer_trtllm", "zeros": "flashinfer_cutedsl", "crash": "deep_gemm", "hang": "cutlass",
@@ -30,7 +31,7 @@ class FaultyBackends:
     gemms = ("layer",)
 
     def availability(self, device):
-        return [Availability(Backend(self.name, b, VALUES[b], "test"), b != "missing",
+        return [Availability(Runner(self.name, b, VALUES[b], "test"), b != "missing",
                              "needs a GPU this test does not have" if b == "missing" else "")
                 for b in VALUES]
 

@@ -72,6 +72,15 @@ def test_skipped_backend_is_never_measured_and_says_why(tmp_path, cache_path, ca
     assert {c["config"]["backend"] for c in per_m.values()} == {"triton"}
 
 
+def test_a_rerun_with_other_backends_available_resumes_the_same_studies(tmp_path, cache_path, capsys):
+    """What may run changes between runs (--skip-backends, a package installed since): the studies
+    hold every declared backend, so the second run resumes them instead of failing in Optuna."""
+    assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlass") == 0
+    capsys.readouterr()
+    assert _run(tmp_path, cache_path) == 0
+    assert "\nmoe-runner-backend: flashinfer_cutlass\n" in (tmp_path / "out/NVIDIA_H200/server_args.yaml").read_text()
+
+
 def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
     assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlas") == 2
     assert "--skip-backends: unknown backend 'flashinfer_cutlas'" in capsys.readouterr().err

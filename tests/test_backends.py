@@ -64,7 +64,7 @@ def test_every_selectable_value_is_one_sglang_accepts():
     accepted = {"fp4-gemm-backend": choices.FP4_GEMM_RUNNER_BACKEND_CHOICES,
                 "fp8-gemm-backend": choices.FP8_GEMM_RUNNER_BACKEND_CHOICES,
                 "moe-runner-backend": choices.MOE_RUNNER_BACKEND_CHOICES}
-    for b in backends.TABLE:
+    for b in backends.runners():
         if b.sglang_value is not None:
             assert b.sglang_value in accepted[backends.FAMILY_FLAGS[b.family]], b
 
@@ -100,15 +100,15 @@ def test_every_sglang_fp8_linear_a_runner_calls_imports_from_the_pinned_sglang()
     # the same import closure, so a missing module or a renamed function fails here first.
     import inspect
 
-    from autotune.kernels.fp8_gemm import SGLANG_LINEAR, sglang_fp8_utils
+    from autotune.kernels.fp8_gemm import sglang_fp8_utils
 
     fp8_utils = sglang_fp8_utils()   # the import the runners use
 
-    selectable = {b.name for b in backends.backends("fp8_gemm") if b.sglang_value}
-    assert set(SGLANG_LINEAR) == selectable
-    for backend, fn in SGLANG_LINEAR.items():
-        params = list(inspect.signature(getattr(fp8_utils, fn)).parameters)
-        assert params[:4] == ["input", "weight", "block_size", "weight_scale"], (backend, params)
+    selectable = [b for b in backends.backends("fp8_gemm") if b.sglang_value]
+    assert {b.name for b in selectable} == {"triton", "deep_gemm", "cutlass"}
+    for b in selectable:
+        params = list(inspect.signature(getattr(fp8_utils, b.function)).parameters)
+        assert params[:4] == ["input", "weight", "block_size", "weight_scale"], (b.name, params)
 
 
 def test_a_submodule_imports_where_its_package_init_needs_sgl_kernel(tmp_path, monkeypatch):
@@ -132,3 +132,37 @@ def test_a_submodule_imports_where_its_package_init_needs_sgl_kernel(tmp_path, m
         sglang_submodule("fakequant", "broken")
     for name in ("fakequant", "fakequant.linear"):
         sys.modules.pop(name, None)
+
+
+def test_a_backend_is_one_module_its_family_discovers(tmp_path, monkeypatch):
+    """Adding a backend is one file: a module of the family's package that declares its runner."""
+    import sys
+
+    from autotune.kernels.runner import Runner, discover
+
+    pkg = tmp_path / "plugged"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a_one.py").write_text("from autotune.kernels.runner import Runner\n"
+                                  "RUNNER = Runner('fp8_gemm', 'one', None, 'test', sms=frozenset({90}))\n")
+    (pkg / "b_two.py").write_text("from autotune.kernels.runner import Runner\n"
+                                  "RUNNERS = (Runner('moe_bf16', 'two', 'triton', 't'), Runner('moe_fp8', 'two', None, 't'))\n")
+    (pkg / "helpers.py").write_text("X = 1\n")      # a module without a runner is not one
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = discover("plugged")
+    assert [(r.family, r.name) for r in found] == [("fp8_gemm", "one"), ("moe_bf16", "two"), ("moe_fp8", "two")]
+    assert all(isinstance(r, Runner) for r in found)
+    assert backends.availability(found[0], dev(120), check_imports=False).reason == "supports SM90; this is SM120"
+    sys.modules.pop("plugged", None)
+
+
+def test_every_family_module_declares_its_runners_and_unbuilt_ones_say_why():
+    from autotune.kernels import get_family
+
+    declared = {(r.family, r.name) for r in backends.runners()}
+    assert ("fp8_gemm", "triton") in declared and ("moe_fp4", "flashinfer_trtllm") in declared
+    fam = get_family("fp4_gemm")
+    reasons = {a.backend.name: a.reason for a in fam.availability(dev(100))}
+    assert reasons["trtllm"] == "autotune has no runner for it yet (needs shuffled 8x4 weights)"
+    from autotune.kernels.runner import Runner
+    assert all(r.not_implemented or type(r).run is not Runner.run for r in backends.runners())   # each launches

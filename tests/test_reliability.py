@@ -165,5 +165,20 @@ def test_reliability_doc_lists_every_case_with_its_exit_code_and_a_test_that_exi
         assert (ROOT / path).is_file(), (case, test)
         name = name.split("[")[0]
         assert re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), (case, test)
-        if path.endswith("test_reliability.py"):
+        if name == "test_bad_input_is_one_line_and_changes_nothing":
             assert case in CASES, (case, test)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """SIGINT reaches the run as KeyboardInterrupt, the path SIGTERM takes too (exit 143 there:
+    tests/test_shared_study.py stops a real run with it)."""
+    import autotune.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["shapes"].set_defaults(fn=interrupted)
+    assert main(["shapes", "--shapes", "qwen3.5"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autotune: stopped by SIGINT")

@@ -221,11 +221,9 @@ def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forev
     ss = studies(study)
     orphan_study = next(s for n, s in ss.items() if "|gate_up|M=1" in n)
     orphan = orphan_study.ask()                    # RUNNING, no heartbeat: its process "died" here
-    t0 = time.monotonic()
     second = worker(study, 5, 0.0, "--batch-sizes", "1")
-    out, _ = second.communicate(timeout=120)
+    out, _ = second.communicate(timeout=120)       # finishes: the orphan is not waited on forever
     assert second.returncode == 0, out
-    assert time.monotonic() - t0 < 100
     s = studies(study)[orphan_study.study_name]
     assert s.trials[orphan.number].state == optuna.trial.TrialState.FAIL
     assert "heartbeating" in reason(s, s.trials[orphan.number])
@@ -328,10 +326,11 @@ def test_workers_started_together_on_a_fresh_database_all_open_it():
         server.dispose()
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143)])
 def test_sigterm_and_sigint_mark_the_trial_being_measured_and_leave_a_resumable_storage(tmp_path, sig, code):
     """`docker stop` (SIGTERM) is handled as Ctrl-C: one line, the trial being measured failed
-    with the reason and its parameters queued, exit 143 (130 for SIGINT), and a re-run resumes."""
+    with the reason and its parameters queued, exit 143, and a re-run resumes. (SIGINT takes the
+    same path from the KeyboardInterrupt on: tests/test_reliability.py checks its exit 130.)"""
     url = f"sqlite:///{tmp_path / 's.db'}"
     common = [*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "10", "--quiet",
               "--storage", url, "--out", str(tmp_path / "out")]

@@ -6,6 +6,7 @@ bad-model-dir errors of `autotune validate` (exit code 2, no process left).
 """
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -119,9 +120,7 @@ def test_sigterm_ignored_escalates_to_sigkill(standin, tmp_path):
                         health_timeout_s=20, poll_s=0.1, shutdown_grace_s=0.5)
     with srv:
         pid = srv.proc.pid
-    t0 = time.monotonic()
-    assert not _alive(pid)
-    assert time.monotonic() - t0 < 5
+    assert not _alive(pid)          # gone when the block ends: SIGKILL after the grace period
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("benchmark blew up"), KeyboardInterrupt()])
@@ -152,11 +151,11 @@ def test_benchmark_exiting_non_zero_or_hanging_is_an_error_with_its_output(tmp_p
     with pytest.raises(BenchmarkError, match=r"exited with code 4(.|\n)*no server answered"):
         run_logged([sys.executable, "-c", "print('no server answered'); raise SystemExit(4)"],
                    log_path=tmp_path / "b.log", timeout_s=30, what="serving at concurrency 8")
-    t0 = time.monotonic()
     with pytest.raises(BenchmarkError, match="did not finish in 1 s"):
-        run_logged([sys.executable, "-c", "import time; print('hanging', flush=True); time.sleep(60)"],
+        run_logged([sys.executable, "-c", "import os, time; print('hanging pid=%d' % os.getpid(), flush=True); time.sleep(600)"],
                    log_path=tmp_path / "h.log", timeout_s=1, what="one_batch_server")
-    assert time.monotonic() - t0 < 15
+    hung = int(re.search(r"hanging pid=(\d+)", (tmp_path / "h.log").read_text()).group(1))
+    assert not _alive(hung)         # killed at its timeout, not waited for
     assert run_logged([sys.executable, "-c", "print('ok')"], log_path=tmp_path / "ok.log", timeout_s=30,
                       what="ok") >= 0
 

@@ -2,9 +2,10 @@
 
 A config is {"backend": name, "tactic": t}. tactic -1 runs the backend as SGLang would (its own
 default or FlashInfer's autotuned choice); tactics >= 0 are searched where the backend exposes
-them. Which backends may run comes from the one capability table (autotune.backends); SGLang's
-`auto` choice is the seed and the baseline. Each concrete family supplies its problems' inputs,
-a runner per backend and the float32 reference.
+them. Each backend is a runner object declared in one module of the family's package
+(autotune.kernels.runner): it owns where it may run and how it launches; the capability table
+(autotune.backends) applies those rules. SGLang's `auto` choice is the seed and the baseline.
+Each concrete family supplies its problems' inputs, the float32 reference and the tolerance.
 """
 from __future__ import annotations
 
@@ -25,11 +26,16 @@ class BackendFamily:
         self.skip = tuple(skip)
 
     # -- what may run ------------------------------------------------------------------------------
+    def runner(self, backend: str):
+        return table.get(self.name, backend)
+
     def availability(self, device: DeviceInfo) -> list:
         plan = table.plan(self.name, device, check_imports=device.kind == "gpu")
         for a in plan:
             if a.ok and a.backend.name in self.skip:
                 a.ok, a.reason = False, "left out by --skip-backends"
+            elif a.ok and a.backend.not_implemented:
+                a.ok, a.reason = False, f"autotune has no runner for it yet ({a.backend.not_implemented})"
         return plan
 
     def unsupported_reason(self, problem, device: DeviceInfo) -> str | None:
@@ -52,7 +58,7 @@ class BackendFamily:
         a = next(a for a in self.availability(device) if a.backend.name == b.name)
         if not a.ok:
             return a.reason
-        if config.get("tactic", -1) != -1 and not b.tactics:
+        if config.get("tactic", -1) != -1 and not b.tunable:
             return f"{b.name} has no tactics to choose"
         return None
 
@@ -97,8 +103,7 @@ class BackendFamily:
 
     # -- launch -----------------------------------------------------------------------------------
     def run(self, config: dict, inputs, routing: int):
-        runner = getattr(self, "run_" + config["backend"].replace("-", "_"))
-        return runner(inputs, routing, config.get("tactic", -1))
+        return self.runner(config["backend"]).run(inputs, routing, config.get("tactic", -1))
 
 
 def rotate(n: int, make):

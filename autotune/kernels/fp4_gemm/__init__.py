@@ -1,4 +1,5 @@
-"""NVFP4 dense GEMM backends: flashinfer.mm_fp4(a, b, a_descale, b_descale, alpha, backend=...).
+"""NVFP4 dense GEMM: flashinfer.mm_fp4(a, b, a_descale, b_descale, alpha, backend=...), one module
+per FlashInfer backend beside this one (autotune.kernels.runner); here the inputs and reference.
 
 Operands are quantized once per routing set with FlashInfer's own quantizer (e2m1 values, e4m3
 scales per 16 along K in the 128x4 swizzled layout, per-tensor global scale 448 * 6 / amax), as
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backend_family import BackendFamily, rotate
+from ..backend_family import BackendFamily, rotate
+from ..runner import Runner
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
 
@@ -35,13 +37,6 @@ class Fp4Gemm(BackendFamily):
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         return 0.02
 
-    def availability(self, device):
-        plan = super().availability(device)
-        for a in plan:
-            if a.ok and a.backend.name == "trtllm":
-                a.ok, a.reason = False, "autotune has no runner for it yet (needs shuffled 8x4 weights)"
-        return plan
-
     def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
         import torch
         from flashinfer import fp4_quantize
@@ -56,29 +51,23 @@ class Fp4Gemm(BackendFamily):
         return Fp4Inputs(problem, M, rotate(routings, lambda i: quant(M)), rotate(routings, lambda i: quant(problem.N)))
 
     def reference(self, inputs: Fp4Inputs, config=None):
-        from .. import nvfp4
+        from ... import nvfp4
 
         (aq, asf, ags), (bq, bsf, bgs) = inputs.a[0], inputs.b[0]
         p = inputs.problem
         return nvfp4.reference_mm(aq, asf, ags, bq, bsf, bgs, inputs.M, p.N, p.K)
 
-    def _mm_fp4(self, backend: str, inputs: Fp4Inputs, i: int):
+
+@dataclass(frozen=True)
+class MmFp4(Runner):
+    """flashinfer.mm_fp4 with one of its backends."""
+    backend: str = ""
+
+    def run(self, inputs: Fp4Inputs, routing: int, tactic: int = -1):
         import torch
         from flashinfer import mm_fp4
 
-        (aq, asf, ags), (bq, bsf, bgs) = inputs.a[i], inputs.b[i]
+        (aq, asf, ags), (bq, bsf, bgs) = inputs.a[routing], inputs.b[routing]
         alpha = (1.0 / (ags * bgs)).reshape(1).float()
-        inputs.C = mm_fp4(aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, backend=backend)
+        inputs.C = mm_fp4(aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, backend=self.backend)
         return inputs.C
-
-    def run_cudnn(self, inputs, i, tactic):
-        return self._mm_fp4("cudnn", inputs, i)
-
-    def run_cutlass(self, inputs, i, tactic):
-        return self._mm_fp4("cutlass", inputs, i)
-
-    def run_cute_dsl(self, inputs, i, tactic):
-        return self._mm_fp4("cute-dsl", inputs, i)
-
-    def run_b12x(self, inputs, i, tactic):
-        return self._mm_fp4("b12x", inputs, i)

@@ -1,5 +1,7 @@
 """MoE runner backends: the whole routed-expert layer (gate_up GEMM, SwiGLU, down GEMM, weighted
-sum over top-k), compared across the runners SGLang can select with --moe-runner-backend.
+sum over top-k), compared across the runners SGLang can select with --moe-runner-backend. Three
+families (bf16, block-FP8, NVFP4 experts) share the inputs and the reference here; one module per
+backend beside this one declares its runner for each family it serves (autotune.kernels.runner).
 
 Canonical weights are SGLang's: w13 [E, 2N, K] with the gate rows first, w2 [E, K, N]. FlashInfer's
 CUTLASS MoE takes fc1 as [up; gate] (its SwiGLU convention), so that backend gets the halves
@@ -11,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .backend_family import BackendFamily
-from .triton_moe import TritonMoe, random_routing, sglang_align_block_size, sglang_selection
+from ..backend_family import BackendFamily
+from ..triton_moe import TritonMoe, random_routing
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
 
@@ -29,6 +31,7 @@ class MoeLayerInputs:
     dequant13: object       # expert -> float32 [2N, K]
     dequant2: object        # expert -> float32 [K, N]
     scales: dict = field(default_factory=dict)
+    triton_config_dir: str | None = None   # where SGLang's Triton runner finds configs (a tuned folder)
     C: object = None
     cache: dict = field(default_factory=dict)
 
@@ -51,13 +54,6 @@ class _MoeLayerFamily(BackendFamily):
             return f"{self.name} serves {self.dtype} experts, not {problem.dtype}"
         return super().unsupported_reason(problem, device)
 
-    def availability(self, device):
-        plan = super().availability(device)
-        for a in plan:
-            if a.ok and not hasattr(self, "run_" + a.backend.name.replace("-", "_")):
-                a.ok, a.reason = False, "autotune has no runner for it yet"
-        return plan
-
     # -- inputs -----------------------------------------------------------------------------------
     def _weights(self, problem, seed: int):
         """(w13, w2, dequant13, dequant2, scales) for this family's storage format."""
@@ -74,7 +70,7 @@ class _MoeLayerFamily(BackendFamily):
         g = torch.Generator(device="cuda").manual_seed(seed * 7919 + M)
         ids, wts = random_routing(g, M, problem.E, problem.top_k, skew, routings)
         xs = [torch.randn(M, problem.K, generator=g, device="cuda").to(torch.bfloat16) for _ in range(routings)]
-        return MoeLayerInputs(problem, M, xs, ids, wts, w13, w2, d13, d2, scales)
+        return MoeLayerInputs(problem, M, xs, ids, wts, w13, w2, d13, d2, scales, self.triton_config_dir)
 
     def reference(self, inputs: MoeLayerInputs, config=None):
         """out[m] = sum_t w[m,t] * (silu(x W_gate^T) * (x W_up^T)) W_down^T over the chosen experts."""
@@ -91,55 +87,6 @@ class _MoeLayerFamily(BackendFamily):
             out.index_add_(0, m, (act @ inputs.dequant2(e).T) * inputs.topk_weights[0][m, t, None])
         return out
 
-    # -- SGLang's Triton fused MoE, composed from its kernels -------------------------------------
-    def run_triton(self, inputs: MoeLayerInputs, i: int, tactic: int):
-        """Align, gate_up GEMM, SiLU-and-mul, down GEMM with routing weights, sum over top-k: the
-        sequence SGLang's fused_experts runs, with the configs its loader picks (tuned folder or
-        its shipped files). The final sum is torch's (SGLang's moe_sum_reduce is an sgl_kernel op)."""
-        import torch
-        import triton.language as tl
-        from sglang.kernels.ops.activation import silu_and_mul
-        from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
-
-        p = inputs.problem
-        key = ("triton_cfg", inputs.M)
-        if key not in inputs.cache:
-            # The tuned folder where it has this shape's file (what the server will load with
-            # SGLANG_MOE_CONFIG_DIR), else SGLang's own files: its shipped config or its default.
-            up, down, found = sglang_selection(p, inputs.M, _device(), self.triton_config_dir)
-            if not found:
-                up, down, _ = sglang_selection(p, inputs.M, _device(), None)
-            inputs.cache[key] = (up, down)
-        up, down = inputs.cache[key]
-        up, down = dict(up), dict(down)
-        up_tma = bool(up.pop("USE_TMA", False))
-        down.pop("USE_TMA", None)   # the composition below keeps the plain (unsorted) down layout
-        fp8 = p.dtype.startswith("fp8")
-        common = dict(compute_type=tl.bfloat16, use_fp8_w8a8=fp8, use_int8_w8a8=False, use_int8_w8a16=False,
-                      use_int4_w4a16=False, per_channel_quant=False,
-                      block_shape=list(p.block_shape) if p.block_shape else None, filter_expert=False)
-        x, ids, w = inputs.x[i], inputs.topk_ids[i], inputs.topk_weights[i]
-        sorted_ids, expert_ids, ntp = sglang_align_block_size(ids, up["BLOCK_SIZE_M"], p.E)
-        cache1 = torch.empty((inputs.M * p.top_k, 2 * p.N), dtype=torch.bfloat16, device=x.device)
-        invoke_fused_moe_kernel(x, inputs.w13, None, cache1, None, inputs.scales.get("w13"), None, w, ids,
-                                sorted_ids, expert_ids, ntp, False, p.top_k, up, b_use_tma=up_tma, **common)
-        cache2 = silu_and_mul(cache1)
-        cache3 = torch.empty((inputs.M, p.top_k, p.K), dtype=torch.bfloat16, device=x.device)
-        invoke_fused_moe_kernel(cache2, inputs.w2, None, cache3, None, inputs.scales.get("w2"), None, w, ids,
-                                sorted_ids, expert_ids, ntp, True, 1, down, router_topk=p.top_k, **common)
-        inputs.C = cache3.sum(dim=1)
-        return inputs.C
-
-    # -- FlashInfer CUTLASS MoE --------------------------------------------------------------------
-    def _fc1_up_gate(self, inputs: MoeLayerInputs, w, rows_per_half: int):
-        """fc1 in FlashInfer's [up; gate] order (cached: weights are shared by all M)."""
-        import torch
-
-        key = ("fc1", id(w))
-        if key not in inputs.cache:
-            inputs.cache[key] = torch.cat([w[:, rows_per_half:], w[:, :rows_per_half]], dim=1).contiguous()
-        return inputs.cache[key]
-
 
 _DEVICE = []
 
@@ -147,7 +94,7 @@ _DEVICE = []
 def _device():
     """This worker's GPU (SGLang's loader answers per device name)."""
     if not _DEVICE:
-        from ..device import detect
+        from ...device import detect
         _DEVICE.append(detect())
     return _DEVICE[0]
 
@@ -157,17 +104,6 @@ class MoeBf16(_MoeLayerFamily):
     dtype = "bf16"
     tol = 0.02
 
-    def run_flashinfer_cutlass(self, inputs: MoeLayerInputs, i: int, tactic: int):
-        import torch
-        from flashinfer.fused_moe import cutlass_fused_moe
-
-        p = inputs.problem
-        out = cutlass_fused_moe(inputs.x[i], inputs.topk_ids[i], inputs.topk_weights[i],
-                                self._fc1_up_gate(inputs, inputs.w13, p.N), inputs.w2, torch.bfloat16,
-                                quant_scales=[])
-        inputs.C = out[0] if isinstance(out, (list, tuple)) else out
-        return inputs.C
-
 
 class MoeFp8(_MoeLayerFamily):
     """Block [128, 128] FP8 experts (Qwen3.5 FP8 checkpoints); activations quantized per token
@@ -176,20 +112,6 @@ class MoeFp8(_MoeLayerFamily):
     name = "moe_fp8"
     dtype = "fp8_w8a8_block"
     tol = 0.08
-
-    def run_flashinfer_cutlass(self, inputs: MoeLayerInputs, i: int, tactic: int):
-        import torch
-        from flashinfer.fused_moe import cutlass_fused_moe
-
-        p = inputs.problem
-        bn = p.block_shape[0]
-        fc1 = self._fc1_up_gate(inputs, inputs.w13, p.N)
-        s1 = self._fc1_up_gate(inputs, inputs.scales["w13"], -(-p.N // bn))
-        out = cutlass_fused_moe(inputs.x[i], inputs.topk_ids[i], inputs.topk_weights[i], fc1, inputs.w2,
-                                torch.bfloat16, quant_scales=[s1, inputs.scales["w2"]],
-                                use_deepseek_fp8_block_scale=True)
-        inputs.C = out[0] if isinstance(out, (list, tuple)) else out
-        return inputs.C
 
 
 class MoeFp4(_MoeLayerFamily):
@@ -204,7 +126,7 @@ class MoeFp4(_MoeLayerFamily):
     def _weights(self, problem, seed: int):
         import torch
 
-        from .. import nvfp4
+        from ... import nvfp4
 
         key = (problem.key, seed)
         cache = self.__dict__.setdefault("_fp4_cache", {})
@@ -225,22 +147,6 @@ class MoeFp4(_MoeLayerFamily):
                           {"fc1": up_gate[0], "sf1": up_gate[1], "gs13": gs13, "sf2": sf2, "gs2": gs2})
         return cache[key]
 
-    def run_flashinfer_cutlass(self, inputs: MoeLayerInputs, i: int, tactic: int):
-        """FlashInfer's CUTLASS NVFP4 MoE as its tests drive it: bf16 activations (quantized
-        inside with global scale 1), fc1 in [up; gate] order, 6 quant scales."""
-        import torch
-        from flashinfer.fused_moe import cutlass_fused_moe
-
-        p, s = inputs.problem, inputs.scales
-        one = torch.ones((), dtype=torch.float32, device=inputs.x[i].device)
-        scales = [one, s["sf1"].view(torch.int32), 1.0 / (one * s["gs13"]), one, s["sf2"].view(torch.int32),
-                  1.0 / (one * s["gs2"])]
-        out = torch.empty((inputs.M, p.K), dtype=torch.bfloat16, device=inputs.x[i].device)
-        cutlass_fused_moe(inputs.x[i], inputs.topk_ids[i], inputs.topk_weights[i], s["fc1"].view(torch.long),
-                          inputs.w2.contiguous().view(torch.long), torch.bfloat16, quant_scales=scales, output=out)
-        inputs.C = out
-        return out
-
 
 def _fp4_per_expert(w, global_scales=None):
     """FlashInfer's fp4_quantize per expert with the per-expert global scale 448 * 6 / amax."""
@@ -251,3 +157,18 @@ def _fp4_per_expert(w, global_scales=None):
         (FP8_MAX * FP4_MAX) / w.float().abs().amax(dim=(1, 2)).clamp(min=1e-12)
     qs, sfs = zip(*(fp4_quantize(w[e], gs[e]) for e in range(w.shape[0])))
     return torch.stack(qs), torch.stack(sfs), gs
+
+
+def fc1_up_gate(inputs: MoeLayerInputs, w, rows_per_half: int):
+    """fc1 in FlashInfer's [up; gate] order (cached: weights are shared by all M)."""
+    import torch
+
+    key = ("fc1", id(w))
+    if key not in inputs.cache:
+        inputs.cache[key] = torch.cat([w[:, rows_per_half:], w[:, :rows_per_half]], dim=1).contiguous()
+    return inputs.cache[key]
+
+
+def set_output(inputs: MoeLayerInputs, out):
+    inputs.C = out[0] if isinstance(out, (list, tuple)) else out
+    return inputs.C

@@ -1,0 +1,53 @@
+"""One backend of a kernel family, as FlashInfer's TunableRunner is one.
+
+A runner owns its rules: where it may run (compute capabilities, CUDA version, the packages it
+imports, FlashInfer's own requirement declaration, what the field showed despite it), the
+SGLang server-argument value that selects it, its tactics for a problem and its launch. The family
+owns the problem's inputs, the float32 reference and the tolerance; the core (autotune.worker,
+study, choice) loops, times, checks and stores, and never knows a backend's rules.
+
+Adding a backend is one file: a module in its family's package (autotune/kernels/fp8_gemm/,
+fp4_gemm/, moe_backends/) that defines `RUNNER` (or `RUNNERS`, one per family it serves). The
+capability table (autotune.backends) is made of these declarations. docs/DESIGN.md has an example.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Runner:
+    family: str
+    name: str
+    sglang_value: str | None          # value of the family's server flag; None: SGLang cannot select it
+    calls: str                        # the API measured
+    flashinfer: tuple | None = None   # (function, backend argument or None) whose declaration decides
+    sms: frozenset | None = None      # explicit compute capabilities where FlashInfer declares none
+    min_cuda: tuple | None = None     # (major, minor) of the CUDA runtime
+    needs: tuple = ()                 # Python modules that must import
+    tunable: bool = False             # has tactics beyond -1 to search
+    # (compute capabilities, evidence): what the field showed despite the declarations
+    known_failures: tuple = ()
+    # why autotune cannot launch it yet (declared so it is listed and skipped with the reason)
+    not_implemented: str | None = None
+
+    def tactics(self, inputs) -> list[int]:
+        """The tactics to try for these inputs. -1 is the backend as SGLang runs it (its own
+        default or FlashInfer's autotuned choice)."""
+        return [-1]
+
+    def run(self, inputs, routing: int, tactic: int = -1):
+        """Launch once on routing set `routing`; returns the output tensor (and sets inputs.C)."""
+        raise NotImplementedError(f"{self.family}/{self.name}: {self.not_implemented or 'no launch'}")
+
+
+def discover(package: str) -> list[Runner]:
+    """The runners declared by the modules of `package`, in module-name order."""
+    pkg = importlib.import_module(package)
+    found: list[Runner] = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"{package}.{info.name}")
+        found.extend(getattr(mod, "RUNNERS", ()) or ([mod.RUNNER] if hasattr(mod, "RUNNER") else []))
+    return found
