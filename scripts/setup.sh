@@ -6,9 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/cpu.txt
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/sglang.txt
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+# --no-compile: Python compiles what it imports on first use; compiling every installed file up
+# front (torch, transformers, sglang: tens of thousands) was most of a fresh setup's time.
+pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile "$@"; }
+pip_install -r requirements/cpu.txt
+pip_install --no-deps -r requirements/sglang.txt
+pip_install --no-deps -e .
 # Older SGLang releases' own source, for the tests that load our files through each release's
 # loader and kernel signature (tests/test_sglang_releases.py): the package tree only, no install.
 for v in 0.5.16; do

@@ -105,7 +105,39 @@ CASES = {
     "merge-choices-out-is-a-file": (lambda t: ["merge-choices", str(_tuned(t)), "--out", _write(t / "f", "x")],
                                     2, "is a file"),
     "check-no-provenance": (lambda t: ["check", str(_dir(t / "empty"))], 2, "provenance.json"),
+    "model-unknown": (lambda t: ["shapes", "--model", "qwen9-huge"], 2, "unknown model preset"),
+    "shape-family-unknown": (lambda t: ["shapes", "--shapes", "llama"], 2, "unknown shape family"),
+    "tp-not-dividing": (lambda t: ["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "3"], 2, "does not divide"),
+    "dtype-unknown": (lambda t: ["shapes", "--dtype", "fp4"], 2, "unknown dtype"),
+    "config-no-moe-fields": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {"hidden_size": 4096, "intermediate_size": 11008}))], 2, "no MoE fields"),
+    "skip-backend-unknown": (lambda t: _run(t, bs=None)[:-6] + [
+        "--kernels", "moe_bf16", "--replay", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"),
+        "--skip-backends", "flashinfer_cutlas"], 2, "unknown backend 'flashinfer_cutlas'"),
+    "rank-model-tp-does-not-split": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "3", "--out",
+                                                str(t / "rank")], 2, "does not split"),
+    "rank-model-out-holds-weights": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out",
+                                                str(_weights(t / "real"))], 2, "holds weight files"),
+    "validate-model-no-config": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(_dir(t / "model")),
+                                            "--configs", str(_tuned(t))], 2, "has no config.json"),
+    "validate-empty-configs": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(_model(t / "model")),
+                                          "--configs", str(_dir(t / "empty"))], 2, "holds nothing SGLang would load"),
+    "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
+                               2, "needs one of --model"),
 }
+
+
+def _weights(path: Path) -> Path:
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(b"x")
+    return path
+
+
+def _model(path: Path) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "tokenizer.json").write_text("{}")
+    return path
 
 
 def _write(path: Path, content) -> str:
