@@ -101,6 +101,9 @@ def _add_search_args(p) -> None:
     g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
     g.add_argument("--study", help="run name the studies are filed under (default: the GPU's name)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--warm-start", metavar="SOURCE",
+                   help="begin each new study with the best configs of another GPU's or shape's study: a "
+                        "measurement cache (--record file) or an Optuna storage URL holding triton_moe studies")
     g.add_argument("--sglang-version", metavar="VERSIONS",
                    help="SGLang release(s) that will load the files: 0.5.16, a list 0.5.16,0.5.23 or a range "
                         "0.5.16-0.5.23 (default: the installed one); configs an older release cannot run "
@@ -173,6 +176,7 @@ def cmd_run(args) -> int:
     budget = _parse_duration(args.budget) if args.budget else None
     _check_counts(args)
     _check_record_file(args.record)
+    _warm_start(args)
     try:
         kernels = parse_kernels(args.kernels)
     except PlanError as e:
@@ -288,7 +292,22 @@ def _storage(args, device, run_name: str, shared: bool = False):
 def _triton_settings(args, budget):
     from .study import TuneSettings
     return TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
-                        neighbours=args.neighbours, use_shipped=not args.no_shipped)
+                        neighbours=args.neighbours, use_shipped=not args.no_shipped,
+                        warm_start=_warm_start(args))
+
+
+def _warm_start(args):
+    """--warm-start's source, read once (checked before anything is measured)."""
+    if not getattr(args, "warm_start", None):
+        return None
+    if not hasattr(args, "_warm"):
+        from .warm_start import WarmStartError, load
+        try:
+            args._warm = load(args.warm_start)
+        except WarmStartError as e:
+            raise UsageError(str(e)) from None
+        print(f"warm start: {args._warm.describe()}")
+    return args._warm
 
 
 def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
@@ -427,6 +446,7 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
                 "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
                 "wall_seconds": round(time.monotonic() - t0, 1),
                 "storage": safe_url(args.storage or "sqlite:///autotune.db"),
+                "warm_start": getattr(args, "warm_start", None), "warm_start_configs": tuner.warm_queued,
                 "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
     try:
         summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
@@ -470,6 +490,7 @@ def cmd_worker(args) -> int:
 
     budget = _parse_duration(args.budget) if args.budget else None
     _check_counts(args)
+    _warm_start(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name, shared=True)

@@ -30,6 +30,7 @@ import optuna
 
 from . import records
 from .records import Measurement, config_key
+from .warm_start import fit
 from .worker import Task, run_tasks
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -48,6 +49,7 @@ class TuneSettings:
     max_evaluations: int | None = None   # stop asking after this many device measurements
     polish: float = 0.3              # last share of each study's trials: one-step moves around its top configs
     use_shipped: bool = True         # seed with SGLang's shipped config (benchmarks turn it off)
+    warm_start: object = None        # autotune.warm_start.WarmStart: another study's best configs first
 
 
 def study_name(family: str, device_name: str, problem_key: str, gemm: str, M: int) -> str:
@@ -208,6 +210,7 @@ class ProblemTuner:
         self.baselines: dict = {}    # M -> {"default": {gemm: config}, "shipped": ...}
         self.careful: dict = {}      # (gemm, M, config_key) -> careful re-measurement (selection)
         self.failed = 0
+        self.warm_queued = 0         # warm-start configs queued by this invocation
         self.measured_now = 0        # device measurements made by this invocation
         self.stored_trials = 0       # measurements this process stored as trials (asked or shared)
         self.storage = storage
@@ -493,7 +496,9 @@ class ProblemTuner:
         return [self.Ms[j] for j in range(max(0, i - k), min(len(self.Ms), i + k + 1)) if j != i]
 
     def _seed_studies(self) -> None:
-        """Enqueue the baselines that lie in the space (SGLang's shipped tiles usually do)."""
+        """Enqueue the baselines that lie in the space (SGLang's shipped tiles usually do), then a
+        warm start's configs that this device and the target releases admit."""
+        self.warm_queued = 0
         for (gemm, M), slot in self.slots.items():
             if slot.asks:
                 continue
@@ -502,6 +507,13 @@ class ProblemTuner:
                 idx = space.indices_of(per_gemm[gemm])
                 if idx is not None:
                     slot.study.enqueue_trial(idx, skip_if_exists=True)
+            for cfg in (self.settings.warm_start.configs(self.problem, gemm, M)
+                        if self.settings.warm_start is not None else ()):
+                cfg = fit(cfg, space)
+                if (cfg is not None and self.family.check(cfg, self.problem, gemm, self.device) is None
+                        and self.family.unwritable(cfg, gemm, self.device) is None):
+                    slot.study.enqueue_trial(space.indices_of(cfg), skip_if_exists=True)
+                    self.warm_queued += 1
 
     def _ask(self, slot: Slot):
         """A config to measure at slot.M, or None when the study's space is used up.

@@ -122,6 +122,9 @@ CASES = {
                                             "--configs", str(_tuned(t))], 2, "has no config.json"),
     "validate-empty-configs": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(_model(t / "model")),
                                           "--configs", str(_dir(t / "empty"))], 2, "holds nothing SGLang would load"),
+    "warm-start-other-family": (lambda t: _run(t, "--warm-start", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz")),
+                                2, "holds no triton_moe measurements to start from"),
+    "warm-start-missing": (lambda t: _run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
 }

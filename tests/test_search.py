@@ -1,8 +1,9 @@
 """The search's own rules: shared BLOCK_SIZE_M pairs, neighbour sharing, budgets."""
 import optuna
+import pytest
 
 from autotune.kernels import get_family
-from autotune.records import Measurement
+from autotune.records import Measurement, config_key
 from autotune.replay import ReplayPool
 from autotune.select import candidate_pairs
 from autotune.study import ProblemTuner, TuneSettings
@@ -76,3 +77,32 @@ def test_a_study_read_in_optunas_dashboard_shows_tile_sizes(grid_cache):
             sizes = tr.user_attrs["config"]
             assert sizes == {k: ladders[k][i] for k, i in tr.params.items()}
             assert sizes["BLOCK_SIZE_M"] in (16, 32, 64, 128, 256)
+
+
+def test_a_warm_start_begins_each_study_with_another_studys_best_configs(grid_cache):
+    """Warm start from the H200 block-FP8 run (another dtype of the shape): each bf16 study's
+    first asks are that run's fastest configs at the nearest M, where bf16's rules admit them."""
+    from autotune.warm_start import fit, load
+    from tests.conftest import ROOT
+
+    warm = load(str(ROOT / "benchmarks/data/h200_run_fp8_block_2026-12-01.jsonl.gz"))
+    t, _ = _tuner(grid_cache, trials=4, seed=1, warm_start=warm)
+    t.measure_baselines()
+    t.search()
+    assert t.warm_queued > 0
+    for (gemm, M), slot in t.slots.items():
+        space = t.spaces[gemm]
+        wanted = [fit(c, space) for c in warm.configs(t.problem, gemm, M)]
+        wanted = [c for c in wanted if c and t.family.check(c, t.problem, gemm, t.device) is None]
+        measured = {config_key(m.config) for m in t.measured[gemm, M].values()}
+        assert wanted and all(config_key(c) in measured for c in wanted), (gemm, M)
+    fp8_best = min((m for m in warm.measurements if m.gemm == "gate_up" and m.M == 8), key=lambda m: m.time_us)
+    assert warm.configs(t.problem, "gate_up", 8)[0] == fp8_best.config
+
+
+def test_a_warm_start_source_of_another_family_is_refused():
+    from autotune.warm_start import WarmStartError, load
+    from tests.conftest import ROOT
+
+    with pytest.raises(WarmStartError, match="holds no triton_moe measurements"):
+        load(str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"))
