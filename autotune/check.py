@@ -46,7 +46,7 @@ def machine_drift(prov: dict, machine) -> tuple[list[str], list[str]]:
     return drift, notes
 
 
-def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> tuple[int, list[str]]:
+def read_provenance(folder: str | Path) -> dict:
     folder = Path(folder)
     prov_path = folder / "provenance.json"
     if not folder.is_dir():
@@ -60,21 +60,40 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> 
         raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__})") from None
+    return prov
+
+
+def _targets(version_spec: str | None) -> list[str]:
     try:
-        targets = parse_targets(version_spec)
+        return parse_targets(version_spec)
     except VersionError as e:
         raise CheckError(str(e)) from None
-    lines, bad = [], 0
-    for name, entry in sorted(files.items()):
+
+
+def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[str]]:
+    """Per file of the folder: why it must be re-tuned or re-exported (empty: fresh)."""
+    machine_reasons = machine_drift(prov, machine)[0] if machine is not None else []
+    out = {}
+    for name, entry in sorted(prov["files"].items()):
         valid = entry.get("sglang_versions")
         if not isinstance(valid, list):
-            raise CheckError(f"{prov_path}: {name} records no SGLang versions (exported before version "
+            raise CheckError(f"provenance.json: {name} records no SGLang versions (exported before version "
                              "provenance): re-export it with --sglang-version")
         missing = [v for v in targets if v not in valid]
-        if missing:
+        why = [f"does not run in SGLang {', '.join(missing)} (runs in {', '.join(valid) or 'none'})"] if missing else []
+        out[name] = why + machine_reasons
+    return out
+
+
+def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> tuple[int, list[str]]:
+    prov = read_provenance(folder)
+    targets = _targets(version_spec)
+    lines, bad = [], 0
+    for name, why in file_drift(prov, targets).items():
+        if why:
             bad += 1
-            lines.append(f"{name}: does not run in SGLang {', '.join(missing)} (runs in {', '.join(valid) or 'none'}); "
-                         f"re-export with --sglang-version {missing[0]}")
+            lines.append(f"{name}: {why[0]}; re-export with --sglang-version "
+                         f"{next(v for v in targets if v not in prov['files'][name]['sglang_versions'])}")
         else:
             lines.append(f"{name}: runs in SGLang {', '.join(targets)}")
     if machine is None:

@@ -144,8 +144,11 @@ def _plan(args, device, cache, kernels=("triton_moe",), options=None):
     from .plan import PlanError, build
 
     try:
-        chosen, tps, eps, dtypes, bss = _selection(args)
-        exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
+        if getattr(args, "only_drifted", None):
+            exp, plans = _drifted_plan(args, device, cache, options)
+        else:
+            chosen, tps, eps, dtypes, bss = _selection(args)
+            exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
     except (models.ModelError, PlanError) as e:
         raise UsageError(str(e))
     for fp in plans:
@@ -154,6 +157,48 @@ def _plan(args, device, cache, kernels=("triton_moe",), options=None):
                 space = fp.family.space(p, g, device)   # a bad search-space file fails here, before any work
                 _check_runnable(fp.family, space, p, g, device)
     return exp, plans
+
+
+def _drifted_plan(args, device, cache, options):
+    """--only-drifted FOLDER: the Triton MoE problems of the folder's files that no longer fit this
+    machine or the target SGLang releases (autotune check's reasons), each with its batch sizes."""
+    from . import models
+    from .check import CheckError, file_drift, read_provenance
+    from .kernels import get_family
+    from .plan import FamilyPlan
+
+    try:
+        prov = read_provenance(args.only_drifted)
+        drift = file_drift(prov, _targets(args), None if device.is_replay else device)
+    except CheckError as e:
+        raise UsageError(f"--only-drifted: {e}") from None
+    fam = get_family("triton_moe", **(options or {}).get("triton_moe", {}))
+    plan, seen = FamilyPlan("triton_moe", fam), set()
+    for name, why in drift.items():
+        print(f"{'drifted' if why else 'fresh'}: {name}" + (f": {'; '.join(why)}" if why else ""))
+        entry = prov["files"][name]
+        try:
+            p = models.problem_from_dict(entry["problem"])
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"--only-drifted: provenance.json's {name} has no readable problem") from None
+        if not why or p.key in seen:
+            continue
+        seen.add(p.key)
+        reason = fam.unsupported_reason(p, device)
+        if reason is None and cache is not None and p.key not in cache.problems:
+            reason = "not in the replay cache"
+        (plan.skipped.append((p, reason)) if reason else plan.problems.append(p))
+    if not drift or not any(drift.values()):
+        plan.unsupported = f"nothing drifted in {args.only_drifted}"
+    return models.Expansion(plan.problems, {}), [plan]
+
+
+def _targets(args) -> list[str]:
+    from .sglang_versions import VersionError, parse_targets
+    try:
+        return parse_targets(getattr(args, "sglang_version", None))
+    except VersionError as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_runnable(family, space, problem, gemm, device) -> None:
@@ -181,6 +226,8 @@ def cmd_run(args) -> int:
         kernels = parse_kernels(args.kernels)
     except PlanError as e:
         raise UsageError(str(e))
+    if args.out is None and args.only_drifted:
+        args.out = str(Path(args.only_drifted).resolve().parent)     # the files go back where they were
     if args.out is None:
         # Replayed results never land beside configs measured on a GPU.
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
@@ -195,6 +242,12 @@ def cmd_run(args) -> int:
         except OSError as e:
             raise UsageError(str(e))
     device, pool, cache, exp, plans = _open_device(args, kernels)
+    if args.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
+        if pool is not None:
+            pool.close()
+        print(f"nothing drifted in {args.only_drifted}: every file fits this machine and SGLang "
+              f"{', '.join(_targets(args))}; nothing to re-tune")
+        return 0
     _sku_names(args, device)
     _check_record_device(args.record, device)
     from .scope import scope
@@ -642,6 +695,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage_and_out(p)
     p.add_argument("--record", help="also write every measurement to this cache file")
     p.add_argument("--json", metavar="FILE", help="also write a machine-readable summary of the run here")
+    p.add_argument("--only-drifted", metavar="FOLDER",
+                   help="re-tune only the files of this exported folder that `autotune check` calls drifted (another "
+                        "GPU or Triton, or an SGLang release in --sglang-version they do not run in); the problems "
+                        "come from its provenance, the files go back into it")
     p.add_argument("--kernels", default="all",
                    help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
                         "(default: all that this GPU supports)")

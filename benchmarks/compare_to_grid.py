@@ -19,6 +19,25 @@ ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
 
 
+def replayed_tuner(settings, pool_class=None):
+    """(tuner, pool, cache, problem key) of the whole pipeline against the recorded grid, in
+    memory: the stand-in for the GPU that the replay benchmarks share."""
+    import optuna
+
+    from autotune.kernels import get_family
+    from autotune.models import Problem
+    from autotune.records import read_cache
+    from autotune.replay import ReplayPool
+    from autotune.study import ProblemTuner
+
+    cache = read_cache(GRID)
+    (pk, pd), = cache.problems.items()
+    pool = (pool_class or ReplayPool)(cache)
+    tuner = ProblemTuner(optuna.storages.InMemoryStorage(), Problem.from_dict(pd), get_family("triton_moe"),
+                         pool.device, pool, settings)
+    return tuner, pool, cache, pk
+
+
 def grid_best_pair(cache, pk: str, M: int):
     """The grid's fastest (gate_up, down) measurements that share BLOCK_SIZE_M."""
     best: dict = {}

@@ -21,31 +21,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_to_grid import grid_optimum  # noqa: E402  (one definition of the metric)
+from compare_to_grid import grid_optimum, replayed_tuner  # noqa: E402  (one definition of the metric)
 
 
 def one(args):
     seed, shipped, fraction = args
-    import optuna
-
-    from autotune.kernels import get_family
-    from autotune.models import Problem
     from autotune.records import read_cache
-    from autotune.replay import ReplayPool
     from autotune.select import select_problem
-    from autotune.study import ProblemTuner, TuneSettings
+    from autotune.study import TuneSettings
 
-    cache = read_cache(CACHE)
-    (pk, pd), = cache.problems.items()
-    problem = Problem.from_dict(pd)
-    grid_evals = sum(1 for m in cache.records.values() if m.problem == pk)
+    grid = read_cache(CACHE)
+    (pk, pd), = grid.problems.items()
+    grid_evals = sum(1 for m in grid.records.values() if m.problem == pk)
     limit = int(fraction * grid_evals)
-    pool = ReplayPool(cache)
     settings = TuneSettings(trials=1000, seed=seed, use_shipped=shipped,
-                            max_evaluations=limit - 8 * len(problem.batch_sizes) * 2)
+                            max_evaluations=limit - 8 * len(pd["batch_sizes"]) * 2)
     t0 = time.time()
-    tuner = ProblemTuner(optuna.storages.InMemoryStorage(), problem, get_family("triton_moe"), pool.device,
-                         pool, settings)
+    tuner, pool, cache, pk = replayed_tuner(settings)
+    problem = tuner.problem
     tuner.measure_baselines()
     tuner.search()
     choices = select_problem(tuner, settings.top, settings.careful_repeats)

@@ -21,27 +21,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GRID = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
 SOURCE = ROOT / "benchmarks/data/h200_run_fp8_block_2026-12-01.jsonl.gz"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_to_grid import grid_optimum  # noqa: E402  (one definition of the metric)
+from compare_to_grid import grid_optimum, replayed_tuner  # noqa: E402  (one definition of the metric)
 
 
 def one(args):
     seed, warm, trials = args
-    import optuna
-
-    from autotune.kernels import get_family
-    from autotune.models import Problem
-    from autotune.records import read_cache
     from autotune.replay import ReplayPool
     from autotune.select import candidate_pairs
-    from autotune.study import ProblemTuner, TuneSettings
+    from autotune.study import TuneSettings
     from autotune.warm_start import load
 
-    cache = read_cache(GRID)
-    (pk, pd), = cache.problems.items()
-    problem = Problem.from_dict(pd)
     log = []                                   # (device seconds so far, measurement) in answer order
 
     class Logged(ReplayPool):
@@ -49,10 +40,9 @@ def one(args):
             super().submit(task)
             for m in self._done[-1][2]:
                 log.append((self.charged_s, m))
-    pool = Logged(cache)
     settings = TuneSettings(trials=trials, seed=seed, warm_start=load(str(SOURCE)) if warm else None)
-    tuner = ProblemTuner(optuna.storages.InMemoryStorage(), problem, get_family("triton_moe"), pool.device,
-                         pool, settings)
+    tuner, pool, cache, pk = replayed_tuner(settings, Logged)
+    problem = tuner.problem
     tuner.measure_baselines()
     tuner.search()
     reached = {}

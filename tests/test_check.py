@@ -34,3 +34,29 @@ def test_without_a_gpu_only_sglang_is_checked_and_it_says_so(monkeypatch, capsys
     monkeypatch.setattr(devmod, "detect", none)
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23"]) == 0
     assert "no GPU visible here" in capsys.readouterr().out
+
+
+def test_only_drifted_retunes_the_files_a_release_cannot_run_and_then_nothing(tmp_path, capsys):
+    """A folder tuned for SGLang 0.5.23 (up-projection USE_TMA) drifts for 0.5.16; `run
+    --only-drifted` re-tunes just its files for 0.5.16, after which check passes and a second
+    --only-drifted has nothing to do (and measures nothing)."""
+    import hashlib
+
+    from autotune.cli import main
+    from tests.conftest import GRID
+
+    folder, db = tmp_path / "out/NVIDIA_H200", tmp_path / "a.db"
+    common = ["--replay", str(GRID), "--trials", "10", "--quiet", "--storage", f"sqlite:///{db}"]
+    assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                 "--batch-sizes", "1,8", "--out", str(tmp_path / "out"), "--sglang-version", "0.5.23", *common]) == 0
+    assert main(["check", str(folder), "--sglang-version", "0.5.16"]) == 1
+    capsys.readouterr()
+    assert main(["run", "--only-drifted", str(folder), "--sglang-version", "0.5.16", *common]) == 0
+    out = capsys.readouterr().out
+    assert "drifted: E=512,N=128,device_name=NVIDIA_H200.json: does not run in SGLang 0.5.16" in out
+    assert main(["check", str(folder), "--sglang-version", "0.5.16"]) == 0
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    capsys.readouterr()
+    assert main(["run", "--only-drifted", str(folder), "--sglang-version", "0.5.16", *common]) == 0
+    assert "nothing drifted" in capsys.readouterr().out
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before

@@ -125,6 +125,8 @@ CASES = {
     "warm-start-other-family": (lambda t: _run(t, "--warm-start", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz")),
                                 2, "holds no triton_moe measurements to start from"),
     "warm-start-missing": (lambda t: _run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
+    "only-drifted-no-provenance": (lambda t: _run(t, "--only-drifted", str(_dir(t / "folder"))), 2,
+                                   "--only-drifted: "),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
 }
