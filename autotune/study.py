@@ -91,8 +91,11 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
             if attempt < attempts - 1 and _lost_schema_race(e):
                 time.sleep(0.2 + random.random() * 0.3 * (attempt + 1))
                 continue
-            raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: "
-                               f"{str(e).splitlines()[0]}") from None
+            first = str(e).splitlines()[0] if str(e) else ""
+            if any(k in first.lower() for k in ("readonly database", "read-only", "permission denied")):
+                raise StorageError(f"storage {safe_url(url)} cannot be written ({first}): a read-only file or "
+                                   "database user; point --storage at a writable one") from None
+            raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
 
 
 def _lost_schema_race(e: Exception) -> bool:
@@ -151,15 +154,24 @@ def safe_url(url: str) -> str:
 
 
 def claim(storage, run: str, device) -> None:
-    """Each run name belongs to one GPU model: measurements of another would poison its studies."""
-    meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
-    owner = meta.user_attrs.get("device")
-    if owner is None:
-        meta.set_user_attr("device", device.name)
-        meta.set_user_attr("sm", device.sm)
-    elif owner != device.name:
-        raise StorageError(f"run '{run}' in this storage belongs to {owner}; this is {device.name}: "
-                           f"it cannot join (give it its own --study name)")
+    """Each run name belongs to one GPU model: measurements of another would poison its studies.
+    Claiming writes, so a storage that cannot be written is said here, before any measuring (it
+    used to surface at the first trial as "storage lost mid-run")."""
+    try:
+        meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
+        owner = meta.user_attrs.get("device")
+        if owner is not None and owner != device.name:
+            raise StorageError(f"run '{run}' in this storage belongs to {owner}; this is {device.name}: "
+                               f"it cannot join (give it its own --study name)")
+        if owner is None:
+            meta.set_user_attr("device", device.name)
+            meta.set_user_attr("sm", device.sm)
+        meta.set_user_attr("opened", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    except optuna.exceptions.StorageInternalError as e:
+        cause = e.__cause__ or e.__context__ or e
+        text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise StorageError(f"storage {safe_url(str(getattr(storage, 'url', '')))} cannot be written ({text}): a "
+                           "read-only file or database user; point --storage at a writable one") from None
 
 
 def distributions(space) -> dict:

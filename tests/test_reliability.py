@@ -127,9 +127,28 @@ CASES = {
     "warm-start-missing": (lambda t: _run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
     "only-drifted-no-provenance": (lambda t: _run(t, "--only-drifted", str(_dir(t / "folder"))), 2,
                                    "--only-drifted: "),
+    "storage-read-only": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                     f"sqlite:///file:{_sqlite_db(t / 'ro.db')}?mode=ro&uri=true", "--replay", str(GRID),
+                                     "--batch-sizes", "8"], 2, "cannot be written"),
+    "storage-read-only-studies": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                             f"sqlite:///file:{_optuna_db(t / 'ro.db')}?mode=ro&uri=true", "--replay",
+                                             str(GRID), "--batch-sizes", "8"], 2, "cannot be written"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
 }
+
+
+def _sqlite_db(path: Path) -> Path:
+    import sqlite3
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE t (x)")
+    return path
+
+
+def _optuna_db(path: Path) -> Path:
+    import optuna
+    optuna.create_study(study_name="someone else's", storage=f"sqlite:///{path}")
+    return path
 
 
 def _weights(path: Path) -> Path:
