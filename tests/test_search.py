@@ -106,3 +106,46 @@ def test_a_warm_start_source_of_another_family_is_refused():
 
     with pytest.raises(WarmStartError, match="holds no triton_moe measurements"):
         load(str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"))
+
+
+def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, tmp_path):
+    """Ctrl-C or SIGTERM (the CLI turns it into KeyboardInterrupt) while a trial is measured: that
+    trial ends FAIL with the reason, its parameters are queued, nothing is left RUNNING, and a
+    new run on the storage asks it first and finishes every study's budget."""
+    from autotune.models import Problem
+
+    class InterruptedPool(ReplayPool):
+        polls, armed = 0, False
+
+        def poll(self, timeout=0.0):
+            self.polls += self.armed
+            if self.polls == 6 and self.busy():       # a trial is submitted and not told
+                raise KeyboardInterrupt
+            return super().poll(timeout)
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
+    pool = InterruptedPool(grid_cache)
+    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=5, seed=4))
+    t.measure_baselines()
+    pool.armed = True
+    in_flight = []
+    pool.submit = lambda task, submit=pool.submit: (in_flight.append(task.tag[2]._trial_id), submit(task))
+    with pytest.raises(KeyboardInterrupt):
+        t.search()
+    trial_id = in_flight[-1]
+    number = storage.get_trial_number_from_id(trial_id)
+    frozen = storage.get_trial(trial_id)
+    assert frozen.state == optuna.trial.TrialState.FAIL
+    owner = next(s for s in t.slots.values() if any(tr._trial_id == trial_id for tr in s.study.trials))
+    assert owner.study.user_attrs[f"fail_reason:{number}"].startswith("interrupted")
+    waiting = [w for w in owner.study.trials if w.state == optuna.trial.TrialState.WAITING]
+    assert [w.system_attrs["fixed_params"] for w in waiting] == [frozen.params]
+    assert not [tr for s in t.slots.values() for tr in s.study.trials if tr.state == optuna.trial.TrialState.RUNNING]
+
+    again = ReplayPool(grid_cache)
+    t2 = ProblemTuner(storage, p, get_family("triton_moe"), again.device, again, TuneSettings(trials=5, seed=4))
+    t2.measure_baselines()
+    t2.search()
+    assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())
+    assert config_key(t2.spaces[owner.gemm].config_at(frozen.params)) in t2.measured[owner.gemm, owner.M]
