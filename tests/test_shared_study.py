@@ -137,7 +137,7 @@ def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
                 if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs]
 
     for attempt in range(3):                       # kill it inside a trial (each ~0.5 s here)
-        victim = worker(study, 30, 8.0)
+        victim = worker(study, 15, 8.0)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not running():
             time.sleep(0.2)
@@ -148,7 +148,7 @@ def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
             break
     else:
         pytest.fail("three kills all landed between trials")
-    others = [worker(study, 30, 2.0) for _ in range(2)]
+    others = [worker(study, 15, 0.5) for _ in range(2)]
     outs = finish(others)
     assert all(p.returncode == 0 for p in others), outs
     ss = studies(study)
@@ -159,7 +159,7 @@ def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
     for s, t in retried:                           # and measured, unless the budget was met first
         assert t.state == optuna.trial.TrialState.COMPLETE or "budget was met" in reason(s, t)
     for name, s in ss.items():                     # as many completed asks as an undisturbed run
-        assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 30, name
+        assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 15, name
 
 
 def last_trial_running(study, budget):
@@ -187,8 +187,8 @@ def _engine():
 
 @needs_pg
 def test_a_dead_workers_last_trial_of_a_study_is_still_retried():
-    """The dead trial fills a study's budget (11 asked + it): the others must not stop short."""
-    budget = 12
+    """The dead trial fills a study's budget (5 asked + it): the others must not stop short."""
+    budget = 6
     for attempt in range(3):
         study = f"last-{uuid.uuid4().hex[:8]}"
         victim = worker(study, budget, 8.0)
@@ -203,7 +203,7 @@ def test_a_dead_workers_last_trial_of_a_study_is_still_retried():
             break
     else:
         pytest.fail("could not kill the worker inside a study's last trial in 3 tries")
-    outs = finish([worker(study, budget, 2.0)])
+    outs = finish([worker(study, budget, 0.5)])
     s = studies(study)[hit]
     assert not [t for t in s.trials if t.state == optuna.trial.TrialState.RUNNING], outs
     assert len([t for t in s.trials if t.user_attrs.get("asked")]) == budget
