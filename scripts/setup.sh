@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-# --no-compile: Python compiles what it imports on first use; compiling every installed file up
-# front (torch, transformers, sglang: tens of thousands) was most of a fresh setup's time.
+# --no-compile: Python compiles what it imports on first use and keeps it; compiling every
+# installed file up front (torch, transformers, sglang: tens of thousands) was most of a fresh
+# setup's time. (Where PYTHONDONTWRITEBYTECODE is set nothing is kept: unset it for the tests.)
 pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile "$@"; }
 pip_install -r requirements/cpu.txt
 pip_install --no-deps -r requirements/sglang.txt
