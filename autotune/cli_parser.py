@@ -1,0 +1,173 @@
+"""The `autotune` command line: every subcommand's flags (the commands live in cli.py and cli_folder.py)."""
+from __future__ import annotations
+
+import argparse
+
+from .cli_common import _add_selection
+
+
+def _add_search_args(p) -> None:
+    g = p.add_argument_group("search")
+    g.add_argument("--trials", type=int, help="measured trials per (GEMM, M) study (default 40)")
+    g.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
+    g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
+    g.add_argument("--study", help="run name the studies are filed under (default: the GPU's name)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--warm-start", metavar="SOURCE",
+                   help="begin each new study with the best configs of another GPU's or shape's study: a "
+                        "measurement cache (--record file) or an Optuna storage URL holding triton_moe studies")
+    g.add_argument("--sglang-version", metavar="VERSIONS",
+                   help="SGLang release(s) that will load the files: 0.5.16, a list 0.5.16,0.5.23 or a range "
+                        "0.5.16-0.5.23 (default: the installed one); configs an older release cannot run "
+                        "(up-projection USE_TMA before 0.5.18) are never chosen")
+
+
+def _add_storage_and_out(p) -> None:
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    p.add_argument("--device-name", action="append", metavar="NAME",
+                   help="also write the tuned files under another SKU's name of the same chip, as "
+                        "torch.cuda.get_device_name() prints it (repeatable), e.g. 'NVIDIA RTX PRO 6000 Blackwell "
+                        "Workstation Edition'; marked in provenance as measured on another SKU")
+
+
+def _add_device_args(p) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU (several "
+                   "recordings of one GPU model: comma-separated, merged)")
+    g.add_argument("--gpus", default="0", help="GPU indices to use, or 'all'")
+    g.add_argument("--workers", type=int, help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a trial is killed")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--skew", type=float, default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
+    g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
+    g.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
+                   help="warning: no progress bars; debug: Optuna's own log and the workers' output on the terminal")
+    g.add_argument("--worker-log", metavar="FILE",
+                   help="where measurement processes write (compiler dumps, full errors); default a new file "
+                        "in the temp folder, named at the start")
+    g.add_argument("--replay-realtime", type=float, default=0.0,
+                   help="with --replay: answer after this many x the recorded device seconds (tests)")
+
+
+def _version() -> str:
+    import importlib.metadata as md
+    try:
+        return md.version("autotune")
+    except md.PackageNotFoundError:
+        return "(not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .cli import cmd_export, cmd_record, cmd_run, cmd_worker
+    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_merge, cmd_merge_choices, cmd_publish,
+                             cmd_rank_model, cmd_shapes)
+
+    ap = argparse.ArgumentParser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
+    ap.add_argument("--version", action="version", version=f"autotune {_version()}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("shapes", help="print the problems a run would tune")
+    _add_selection(p)
+    p.add_argument("--target-sm", type=int, action="append",
+                   help="also show how many configs each architecture admits (repeatable: 90, 100, 120)")
+    p.set_defaults(fn=cmd_shapes)
+
+    p = sub.add_parser("run", help="tune, select, export SGLang's config files")
+    _add_selection(p)
+    _add_device_args(p)
+    _add_search_args(p)
+    p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be tuned and the estimated device time, measure and write nothing")
+    _add_storage_and_out(p)
+    p.add_argument("--record", help="also write every measurement to this cache file")
+    p.add_argument("--json", metavar="FILE", help="also write a machine-readable summary of the run here")
+    p.add_argument("--only-drifted", metavar="FOLDER",
+                   help="re-tune only the files of this exported folder that `autotune check` calls drifted (another "
+                        "GPU or Triton, or an SGLang release in --sglang-version they do not run in); the problems "
+                        "come from its provenance, the files go back into it")
+    p.add_argument("--kernels", default="all",
+                   help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
+                        "(default: all that this GPU supports)")
+    p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
+                   help="batch-size mix the one-backend-per-server choice optimises (default decode)")
+    p.add_argument("--skip-backends", metavar="NAMES",
+                   help="backends never launched, in every family (e.g. flashinfer_cutlass where its "
+                        "CUTLASS MoE JIT build, ~30 min on 16 cores, is not cached yet)")
+    p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
+                   help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
+    _add_selection(p)
+    _add_device_args(p)
+    _add_search_args(p)
+    p.add_argument("--storage", required=True, help="shared Optuna storage URL, e.g. postgresql://...")
+    p.add_argument("--gpu", dest="gpus", default="0", help="the GPU this worker measures on")
+    p.add_argument("--heartbeat", type=int, default=10,
+                   help="seconds between heartbeats; a worker silent for 3 is declared dead")
+    p.add_argument("--budget", help="stop asking after this much device time, e.g. 20m")
+    p.set_defaults(fn=cmd_worker)
+
+    p = sub.add_parser("export", help="select and write SGLang's files from a (shared) study")
+    _add_selection(p)
+    _add_device_args(p)
+    _add_search_args(p)
+    _add_storage_and_out(p)
+    p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
+    p.add_argument("--to", required=True, help="serving repo: a local working tree, or a git URL to clone and push")
+    p.add_argument("--from", dest="src", help="tuned folder (default: the one under tuned_configs/)")
+    p.add_argument("--branch", help="new branch (default tuned/<device>)")
+    p.add_argument("--path", help="folder inside the serving repo (default tuned_configs/<device>)")
+    p.set_defaults(fn=cmd_publish)
+
+    p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
+    _add_selection(p)
+    _add_device_args(p)
+    p.add_argument("--cache", required=True, help="cache file to extend (resumes: measured keys are skipped)")
+    p.add_argument("--budget", help="stop submitting after this much wall time, e.g. 8m")
+    p.add_argument("--shard", help="i/n: take every n-th config starting at i")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_record)
+
+    p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
+    p.add_argument("caches", nargs="+")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(fn=cmd_merge)
+
+    p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
+                                             "one server_args.yaml")
+    p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
+    p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
+    p.set_defaults(fn=cmd_merge_choices)
+
+    p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
+                                              "needed) and record the exact shared memory each needs")
+    _add_selection(p)
+    p.add_argument("--target-sm", type=int, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
+    p.add_argument("--out", help="record file (default search_spaces/compiled/sm<XY>.json)")
+    p.set_defaults(fn=cmd_compile_limits)
+
+    p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
+    p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
+    p.add_argument("--sglang-version", metavar="VERSIONS",
+                   help="the serving SGLang release(s) (default: the one installed here)")
+    p.set_defaults(fn=cmd_check)
+
+    p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
+                                          "(SGLang serves it on one GPU with --load-format dummy)")
+    p.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
+    p.add_argument("--model-config", help="any HF config.json (or its folder)")
+    p.add_argument("--tp", type=int, required=True, help="the deployment's tensor-parallel size")
+    p.add_argument("--layers", type=int, help="keep only this many layers (default: all)")
+    p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
+    p.add_argument("--out", required=True, help="folder to write")
+    p.set_defaults(fn=cmd_rank_model)
+
+    from .validate.command import add_parser as add_validate_parser
+    add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned
+    return ap
