@@ -67,6 +67,8 @@ def _worker_log(args) -> str | None:
         return None
     path = getattr(args, "worker_log", None) or os.path.join(
         tempfile.gettempdir(), f"autotune-workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    if Path(path).is_dir() or not os.access(Path(path).parent if not Path(path).exists() else path, os.W_OK):
+        raise UsageError(f"--worker-log {path}: not a writable file")   # said here, not by a dying worker
     print(f"worker output (compiler messages, full errors): {path}")
     return path
 
@@ -80,12 +82,7 @@ def _family_options(args, device) -> dict:
     unknown = [b for b in skip if b not in known]
     if unknown:
         raise UsageError(f"--skip-backends: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-    from .sglang_versions import VersionError, parse_targets
-    try:
-        targets = parse_targets(getattr(args, "sglang_version", None))
-    except VersionError as e:
-        raise UsageError(str(e)) from None
-    opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": targets}}
+    opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": _targets(args)}}
     for name in ("fp8_gemm", "fp4_gemm"):
         opts[name] = {"skip": skip}
     for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
@@ -120,31 +117,24 @@ def _drifted_plan(args, device, cache, options):
     from . import models
     from .check import CheckError, file_drift, read_provenance
     from .kernels import get_family
-    from .plan import FamilyPlan
+    from .plan import family_plan
 
     try:
         prov = read_provenance(args.only_drifted)
         drift = file_drift(prov, _targets(args), None if device.is_replay else device)
     except CheckError as e:
         raise UsageError(f"--only-drifted: {e}") from None
-    fam = get_family("triton_moe", **(options or {}).get("triton_moe", {}))
-    plan, seen = FamilyPlan("triton_moe", fam), set()
+    problems = {}
     for name, why in drift.items():
         print(f"{'drifted' if why else 'fresh'}: {name}" + (f": {'; '.join(why)}" if why else ""))
-        entry = prov["files"][name]
-        try:
-            p = models.problem_from_dict(entry["problem"])
-        except (KeyError, TypeError, ValueError):
-            raise UsageError(f"--only-drifted: provenance.json's {name} has no readable problem") from None
-        if not why or p.key in seen:
-            continue
-        seen.add(p.key)
-        reason = fam.unsupported_reason(p, device)
-        if reason is None and cache is not None and p.key not in cache.problems:
-            reason = "not in the replay cache"
-        (plan.skipped.append((p, reason)) if reason else plan.problems.append(p))
-    if not drift or not any(drift.values()):
-        plan.unsupported = f"nothing drifted in {args.only_drifted}"
+        if why:
+            try:
+                p = models.problem_from_dict(prov["files"][name]["problem"])
+            except (KeyError, TypeError, ValueError):
+                raise UsageError(f"--only-drifted: provenance.json's {name} has no readable problem") from None
+            problems.setdefault(p.key, p)
+    fam = get_family("triton_moe", **(options or {}).get("triton_moe", {}))
+    plan = family_plan("triton_moe", fam, list(problems.values()), device, cache)
     return models.Expansion(plan.problems, {}), [plan]
 
 

@@ -46,10 +46,7 @@ def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, devi
     from .kernels import get_family
 
     options = options or {}
-    recorded = {(m.problem, m.gemm) for m in cache.records.values()} if cache is not None else set()
-    recorded_Ms: dict = {}       # (problem, GEMM) -> batch sizes the replay holds
-    for m in (cache.records.values() if cache is not None else ()):
-        recorded_Ms.setdefault((m.problem, m.gemm), set()).add(m.M)
+    recorded = recorded_batch_sizes(cache)
     triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
     plans = []
     for name in kernels:
@@ -62,32 +59,49 @@ def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, devi
             problems = [g for m in chosen_models for tp in tps
                         for g in models.dense_gemms(m, tp, GEMM_DTYPE[name], batch_sizes)]
             problems = list({p.key: p for p in problems}.values())
-        plan = FamilyPlan(name, fam)
-        for p in problems:
-            why = fam.unsupported_reason(p, device)
-            if why is None and cache is not None:
-                rec = cache.problems.get(p.key)
-                if rec is None or not any((p.key, g) in recorded for g in fam.gemms):
-                    why = "not in the replay cache"
-                else:
-                    if batch_sizes == models.DEFAULT_BATCH_SIZES:
-                        p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
-                    # A replay answers only what was recorded: say once which batch sizes it lacks
-                    # and tune the others, rather than fail every trial at those M.
-                    have = set.intersection(*(recorded_Ms.get((p.key, g), set()) for g in fam.gemms))
-                    lacking = tuple(M for M in p.batch_sizes if M not in have)
-                    if len(lacking) == len(p.batch_sizes):
-                        why = (f"the replay recorded none of batch sizes {_ints(lacking)} "
-                               f"(it has {_ints(sorted(have))})")
-                    elif lacking:
-                        p = dataclasses.replace(p, batch_sizes=tuple(M for M in p.batch_sizes if M in have))
-                        plan.unrecorded.append((p, lacking))
-            (plan.skipped.append((p, why)) if why else plan.problems.append(p))
-        if not plan.problems and plan.skipped:
-            reasons = {why for _, why in plan.skipped}
-            plan.unsupported = reasons.pop() if len(reasons) == 1 else "; ".join(sorted(reasons))
-        plans.append(plan)
+        plans.append(family_plan(name, fam, problems, device, cache, recorded,
+                                 recorded_Ms=batch_sizes == models.DEFAULT_BATCH_SIZES))
     return triton, plans
+
+
+def recorded_batch_sizes(cache) -> dict:
+    """(problem key, GEMM) -> the batch sizes a replay cache holds (empty without a cache)."""
+    out: dict = {}
+    for m in (cache.records.values() if cache is not None else ()):
+        out.setdefault((m.problem, m.gemm), set()).add(m.M)
+    return out
+
+
+def family_plan(name: str, fam, problems, device, cache=None, recorded: dict | None = None,
+                recorded_Ms: bool = False) -> FamilyPlan:
+    """Which of `problems` the family tunes here, each with the batch sizes it can have; why not
+    the others. `recorded_Ms`: a replay's problems take the batch sizes of its recording."""
+    recorded = recorded_batch_sizes(cache) if recorded is None else recorded
+    plan = FamilyPlan(name, fam)
+    for p in problems:
+        why = fam.unsupported_reason(p, device)
+        if why is None and cache is not None:
+            rec = cache.problems.get(p.key)
+            if rec is None or not any((p.key, g) in recorded for g in fam.gemms):
+                why = "not in the replay cache"
+            else:
+                if recorded_Ms:
+                    p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
+                # A replay answers only what was recorded: say once which batch sizes it lacks
+                # and tune the others, rather than fail every trial at those M.
+                have = set.intersection(*(recorded.get((p.key, g), set()) for g in fam.gemms))
+                lacking = tuple(M for M in p.batch_sizes if M not in have)
+                if len(lacking) == len(p.batch_sizes):
+                    why = (f"the replay recorded none of batch sizes {_ints(lacking)} "
+                           f"(it has {_ints(sorted(have))})")
+                elif lacking:
+                    p = dataclasses.replace(p, batch_sizes=tuple(M for M in p.batch_sizes if M in have))
+                    plan.unrecorded.append((p, lacking))
+        (plan.skipped.append((p, why)) if why else plan.problems.append(p))
+    if not plan.problems and plan.skipped:
+        reasons = {why for _, why in plan.skipped}
+        plan.unsupported = reasons.pop() if len(reasons) == 1 else "; ".join(sorted(reasons))
+    return plan
 
 
 def _ints(values) -> str:

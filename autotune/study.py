@@ -93,9 +93,13 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
                 continue
             first = str(e).splitlines()[0] if str(e) else ""
             if any(k in first.lower() for k in ("readonly database", "read-only", "permission denied")):
-                raise StorageError(f"storage {safe_url(url)} cannot be written ({first}): a read-only file or "
-                                   "database user; point --storage at a writable one") from None
+                raise _unwritable(url, first) from None
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
+
+
+def _unwritable(url: str, why: str) -> StorageError:
+    return StorageError(f"storage {safe_url(url)} cannot be written ({why}): a read-only file or database user; "
+                        "point --storage at a writable one")
 
 
 def _lost_schema_race(e: Exception) -> bool:
@@ -135,16 +139,18 @@ def _requeue(study, trial, why: str) -> None:
 
 
 def _trailing_duplicates(trials) -> int:
-    """Re-proposals of known configs told since the study's last measured ask: kept in the
-    storage so a resumed run moves on to a fresh config exactly when an uninterrupted one would."""
+    """Re-proposals of known configs told since the study's last measured ask, counted from the
+    storage so a resumed run moves on to a fresh config exactly when an uninterrupted one would.
+    A told re-proposal is the study's only own COMPLETE trial without a measurement attached
+    (a rejected config carries its `invalid` record, a measured one its measurement)."""
     n = 0
     for t in reversed(trials):
         if t.state != optuna.trial.TrialState.COMPLETE or "shared_from" in t.user_attrs:
             continue
-        if t.user_attrs.get("known"):
-            n += 1
-        elif t.user_attrs.get("asked"):
+        if t.user_attrs.get("asked"):
             break
+        if ATTR not in t.user_attrs:
+            n += 1
     return n
 
 
@@ -169,9 +175,8 @@ def claim(storage, run: str, device) -> None:
         meta.set_user_attr("opened", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     except optuna.exceptions.StorageInternalError as e:
         cause = e.__cause__ or e.__context__ or e
-        text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        raise StorageError(f"storage {safe_url(str(getattr(storage, 'url', '')))} cannot be written ({text}): a "
-                           "read-only file or database user; point --storage at a writable one") from None
+        raise _unwritable(str(getattr(storage, "url", "")),
+                          str(cause).splitlines()[0] if str(cause) else type(cause).__name__) from None
 
 
 def distributions(space) -> dict:
@@ -560,7 +565,6 @@ class ProblemTuner:
             known = self.measured[slot.gemm, slot.M].get(ck)
             if known is not None or (slot.gemm, slot.M, ck) in self.pending:
                 # Re-proposed: answer from what is known at no device cost.
-                trial.set_user_attr("known", True)
                 study.tell(trial, known.time_us if known is not None and known.ok else math.inf)
                 slot.dups += 1
                 continue
@@ -657,7 +661,8 @@ class ProblemTuner:
         idx = self.spaces[slot.gemm].indices_of(m.config)
         slot.study.add_trial(optuna.trial.create_trial(
             params=idx, distributions=self.dists[slot.gemm], value=m.time_us if m.ok else math.inf,
-            user_attrs={ATTR: m.to_dict(), "config": self.spaces[slot.gemm].config_at(idx), "shared_from": attrs.get("shared_from", slot.M), **attrs}))
+            user_attrs={ATTR: m.to_dict(), "config": self.spaces[slot.gemm].config_at(idx),
+                        "shared_from": attrs.get("shared_from", slot.M), **attrs}))
 
     def complete(self) -> bool:
         """Every study reached its trial budget (or ran out of configs)."""

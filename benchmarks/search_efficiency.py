@@ -19,26 +19,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_to_grid import grid_optimum, replayed_tuner  # noqa: E402  (one definition of the metric)
 
 
 def one(args):
     seed, shipped, fraction = args
-    from autotune.records import read_cache
     from autotune.select import select_problem
     from autotune.study import TuneSettings
 
-    grid = read_cache(CACHE)
-    (pk, pd), = grid.problems.items()
-    grid_evals = sum(1 for m in grid.records.values() if m.problem == pk)
-    limit = int(fraction * grid_evals)
-    settings = TuneSettings(trials=1000, seed=seed, use_shipped=shipped,
-                            max_evaluations=limit - 8 * len(pd["batch_sizes"]) * 2)
     t0 = time.time()
+    settings = TuneSettings(trials=1000, seed=seed, use_shipped=shipped)
     tuner, pool, cache, pk = replayed_tuner(settings)
     problem = tuner.problem
+    grid_evals = sum(1 for m in cache.records.values() if m.problem == pk)
+    limit = int(fraction * grid_evals)
+    settings.max_evaluations = limit - 8 * len(problem.batch_sizes) * 2
     tuner.measure_baselines()
     tuner.search()
     choices = select_problem(tuner, settings.top, settings.careful_repeats)

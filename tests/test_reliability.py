@@ -239,3 +239,12 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert main(["shapes", "--shapes", "qwen3.5"]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("autotune: stopped by SIGINT")
+
+
+def test_an_unwritable_worker_log_is_one_line_before_any_worker_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AUTOTUNE_CPU_INTERPRETER", "1")        # a measuring pool without a GPU
+    before = _snapshot(tmp_path)
+    rc = main([*_run(tmp_path, replay=False), "--worker-log", str(tmp_path / "no/such/dir/w.log")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--worker-log" in err[0] and "not a writable file" in err[0], err
+    assert _snapshot(tmp_path) == before and not (tmp_path / "out").exists()

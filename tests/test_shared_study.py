@@ -73,6 +73,16 @@ def finished_trials(db_path) -> int:
         return 0
 
 
+def wait_for_trials(proc, db_path, n: int, what: str, timeout: float = 400) -> None:
+    """Until the run has stored `n` COMPLETE trials while still running (the storage is the only
+    signal a run gives mid-search), at most `timeout` s: a loaded 2-core machine starts slowly."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and finished_trials(db_path) < n:
+        assert time.monotonic() < deadline, f"{what}: fewer than {n} trials in {timeout:.0f} s"
+        time.sleep(0.2)
+    assert proc.poll() is None, f"{what}: the run ended before {n} trials were stored"
+
+
 def _count(storage):
     n = 0
     for summary in optuna.get_all_study_summaries(storage):
@@ -236,10 +246,7 @@ def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tm
     a = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "a"))
     b = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'b.db'}", "--out", str(tmp_path / "b"),
                  "--replay-realtime", "2")
-    deadline = time.monotonic() + 400              # generous: a loaded 2-core machine starts slowly
-    while time.monotonic() < deadline and b.poll() is None and finished_trials(tmp_path / "b.db") < 40:
-        time.sleep(1.0)
-    assert time.monotonic() < deadline and b.poll() is None, "the run to interrupt never got going"
+    wait_for_trials(b, tmp_path / "b.db", 40, "the run to interrupt")
     b.send_signal(signal.SIGKILL)                  # mid-search: past the baselines, short of the budget
     b.wait()
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("*.json"))
@@ -280,10 +287,7 @@ def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path)
     db = tmp_path / "s.db"
     p = autotune(*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime", "2",
                  "--trials", "30", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out"), "--quiet")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and p.poll() is None and finished_trials(db) < 10:
-        time.sleep(0.5)                            # mid-search: trials stored, the run still going
-    assert p.poll() is None, "the run finished or never started before the storage was broken"
+    wait_for_trials(p, db, 10, "the run whose storage breaks")     # mid-search
     keep = db.read_bytes()
     with open(db, "r+b") as f:                     # the database file turns to garbage under the run
         f.write(b"\0" * 4096)
@@ -339,10 +343,7 @@ def test_sigterm_stops_a_run_in_one_line_with_exit_143_and_leaves_it_resumable(t
     common = [*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "10", "--quiet",
               "--storage", url, "--out", str(tmp_path / "out")]
     p = autotune(*common, "--replay-realtime", "4")
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and p.poll() is None and finished_trials(tmp_path / "s.db") < 4:
-        time.sleep(0.2)
-    assert p.poll() is None, "the run to stop never got going"
+    wait_for_trials(p, tmp_path / "s.db", 4, "the run to stop")
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 143, out
