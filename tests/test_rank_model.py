@@ -67,3 +67,38 @@ def test_cli_bad_input_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "a").exists() and (weights / "model.safetensors").read_bytes() == b"x"
+
+
+def test_block_fp8_rank_builds_under_sglangs_own_quantization_rules():
+    """The block-FP8 rank SGLang serves: SGLang's own Fp8Config, read from the folder's config,
+    keeps the DeltaNet b/a projections bf16 (8 rows per rank at TP8: no 128-block divides them,
+    and SGLang 0.5.16 refused to build the layer on the H200 without this) and quantizes every
+    other projection, each of whose per-rank dimensions the block divides."""
+    from autotune.kernels.triton_moe import sglang_submodule
+    from autotune.validate.rank_model import block_fp8_dims
+
+    fp8 = sglang_submodule("sglang.srt.layers.quantization", "fp8")
+    utils = sglang_submodule("sglang.srt.layers.quantization", "utils")
+    cfg = rank_config(FULL, 8, fp8_block=True)
+    quant = fp8.Fp8Config.from_config(cfg["quantization_config"])
+    block = quant.weight_block_size[0]
+
+    def skipped(module):
+        return utils.is_layer_skipped(f"model.layers.0.{module}", quant.ignored_layers)
+
+    assert cfg["text_config"]["linear_num_value_heads"] % block, "the b/a rows really do not divide"
+    assert skipped("linear_attn.in_proj_ba") and skipped("mlp.gate") and skipped("mlp.shared_expert_gate")
+    for module, dims in block_fp8_dims(cfg["text_config"]).items():
+        assert not skipped(module), module
+        assert all(v % block == 0 for v in dims.values()), (module, dims)
+
+
+def test_block_fp8_names_the_dimension_the_block_does_not_divide():
+    rank_config(FULL, 16)                                   # 1024 / 16 = 64 rows: fine in bf16
+    with pytest.raises(ModelError, match="mlp.experts has moe_intermediate_size = 64"):
+        rank_config(FULL, 16, fp8_block=True)
+    cfg = json.loads(json.dumps(FULL))
+    cfg["text_config"]["moe_intermediate_size"] = 1088      # 136 per rank at TP8: bf16 fine, block-FP8 not
+    rank_config(cfg, 8)
+    with pytest.raises(ModelError, match="mlp.experts has moe_intermediate_size = 136"):
+        rank_config(cfg, 8, fp8_block=True)

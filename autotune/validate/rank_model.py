@@ -64,8 +64,13 @@ def qwen35_hf_config(m: MoeModel, vocab_size: int = 248320) -> dict:
 
 # Qwen's released block-FP8 checkpoints (e.g. Qwen3.5-397B-A17B-FP8) declare this; SGLang then runs
 # its block-FP8 linear and fused-MoE paths (the `dtype=fp8_w8a8,block_shape=[128, 128]` files).
+# Like those checkpoints, the Gated DeltaNet's tiny b/a projections stay bf16: at TP8 each is 8 rows
+# per rank, which no 128-row block divides (SGLang refuses to build the layer; seen on the H200).
 FP8_BLOCK_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                   "weight_block_size": [128, 128]}
+                   "weight_block_size": [128, 128],
+                   "modules_to_not_convert": ["lm_head", "mlp.gate", "mlp.shared_expert_gate",
+                                              "linear_attn.in_proj_a", "linear_attn.in_proj_b",
+                                              "linear_attn.in_proj_ba"]}
 
 
 def rank_config(hf: dict, tp: int, layers: int | None = None, fp8_block: bool = False) -> dict:
@@ -95,8 +100,35 @@ def rank_config(hf: dict, tp: int, layers: int | None = None, fp8_block: bool = 
             raise ModelError(f"--layers must be positive, got {layers}")
         text["num_hidden_layers"] = layers
     if fp8_block:
-        out["quantization_config"] = dict(FP8_BLOCK_QUANT)
+        out["quantization_config"] = copy.deepcopy(FP8_BLOCK_QUANT)
+        block = FP8_BLOCK_QUANT["weight_block_size"][0]
+        for module, dims in block_fp8_dims(text).items():
+            for what, v in dims.items():
+                if v % block:
+                    raise ModelError(f"block-FP8 at --tp {tp}: {module} has {what} = {v} per rank, which "
+                                     f"the {block}-wide weight blocks do not divide (SGLang refuses such a layer)")
     return out
+
+
+def block_fp8_dims(text: dict) -> dict[str, dict[str, int]]:
+    """The per-rank dimensions SGLang checks against the weight block for every block-FP8 linear
+    of a Qwen3.5 rank (output rows per shard of column-parallel layers, input columns of row-parallel
+    ones), keyed by module name; the modules the checkpoint keeps bf16 are not listed."""
+    hd = text["head_dim"]
+    q = text["num_attention_heads"] * hd * (2 if text.get("attn_output_gate") else 1)
+    kv = text["num_key_value_heads"] * hd
+    key = text["linear_num_key_heads"] * text["linear_key_head_dim"]
+    value = text["linear_num_value_heads"] * text["linear_value_head_dim"]
+    shared, moe = text.get("shared_expert_intermediate_size"), text["moe_intermediate_size"]
+    dims = {"self_attn.qkv_proj": {"q rows": q, "k/v rows": kv},
+            "self_attn.o_proj": {"input columns": text["num_attention_heads"] * hd},
+            "linear_attn.in_proj_qkvz": {"qkv rows": 2 * key + value, "z rows": value},
+            "linear_attn.out_proj": {"input columns": value},
+            "mlp.experts": {"moe_intermediate_size": moe}}
+    if shared:
+        dims["mlp.shared_expert.gate_up_proj"] = {"rows per projection": shared}
+        dims["mlp.shared_expert.down_proj"] = {"input columns": shared}
+    return dims
 
 
 def _tokenizer(folder: Path) -> None:
