@@ -6,12 +6,16 @@ M of the problem in one task (one JIT build, one set of inputs). A backend whose
 wrong (NaN, Inf, zeros, off the reference) or whose run crashes or hangs at ANY M is
 disqualified for the problem, with that evidence. Measurements live in Optuna studies (one per
 problem and M, params backend + tactic), so a run resumes and optuna-dashboard shows them.
-Tactic search inside a backend (TPE over a conditional tactic parameter) comes with the
-tactic enumeration from FlashInfer's runners, which needs the GPU.
+Inside a backend with tactics (FlashInfer's runners), the first task of the default (-1) also
+lists the tactics FlashInfer's runner object offers at each M; every offered tactic is then
+measured and checked at every M that offers it. A tactic wrong anywhere is disqualified alone
+(the blocklist gets it); a backend only when its default fails.
 """
 from __future__ import annotations
 
+import json
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 
 import optuna
@@ -29,10 +33,19 @@ MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
 
 
 def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
-    # "|backends": the params' value sets below are every declared backend, the same on every
-    # machine; studies of older releases (the available ones only, which Optuna refuses to mix)
-    # are left alone under their old names.
-    return f"{family}|{device_name}|{problem_key}|M={M}|backends"
+    # "|tactics": the params' value sets below are every declared backend (the same on every
+    # machine) and an integer tactic id; studies of older releases (the available backends only,
+    # tactic -1 only: value sets Optuna refuses to mix) are left alone under their old names.
+    return f"{family}|{device_name}|{problem_key}|M={M}|tactics"
+
+
+def tactic_id(tactic) -> int:
+    """A tactic as the study's integer parameter (Optuna parameters are scalars): FlashInfer's
+    integer tactics as they are, compound ones (cuDNN's (engine, knobs)) by a stable hash. The
+    tactic itself is in the trial's measurement."""
+    if isinstance(tactic, int):
+        return tactic
+    return 1_000_000 + zlib.crc32(json.dumps(tactic).encode()) % 1_000_000_000
 
 
 @dataclass
@@ -58,7 +71,7 @@ class BackendTuner:
         # (--skip-backends, packages), and Optuna refuses a study whose value sets change.
         declared = tuple(sorted({a.backend.name for a in family.availability(device)} | set(self.names)))
         self.dists = {"backend": optuna.distributions.CategoricalDistribution(declared or ("none",)),
-                      "tactic": optuna.distributions.CategoricalDistribution((-1,))}
+                      "tactic": optuna.distributions.IntDistribution(-1, 2_000_000_000)}
         self.measured: dict = {M: {} for M in self.Ms}
         self.careful: dict = {}
         self.unavailable: dict = {}     # (M, config key) -> measurement that could not import its code
@@ -80,18 +93,47 @@ class BackendTuner:
     def configs(self) -> list[dict]:
         return [{"backend": b, "tactic": -1} for b in self.names]
 
-    def _task(self, config: dict, Ms: list[int], repeats=None) -> Task:
+    def _tunable(self, backend: str) -> bool:
+        runner = getattr(self.family, "runner", None)     # families without runner objects: no tactics
+        return bool(runner is not None and getattr(runner(backend), "tunable", False))
+
+    def tactic_configs(self) -> dict[str, tuple[dict, list[int]]]:
+        """config key -> (config, the Ms whose default run listed it) for every tactic other than
+        -1 that a backend's runner offered (a tactic may be valid at some M buckets only)."""
+        bad = self.disqualified()
+        out: dict = {}
+        for M in self.Ms:
+            for m in self.measured[M].values():
+                b = m.config["backend"]
+                if m.config.get("tactic", -1) != -1 or not m.ok or b in bad or not m.tactics:
+                    continue
+                for t in m.tactics:
+                    if t != -1:
+                        cfg = {"backend": b, "tactic": t}
+                        out.setdefault(config_key(cfg), (cfg, []))[1].append(M)
+        return out
+
+    def _task(self, config: dict, Ms: list[int], repeats=None, tactics: bool = False) -> Task:
         # Workers import the family by `spec` ("module:Class") where it is not a registered name.
         return Task(self.problem.to_dict(), self.problem.key, "layer", config, list(Ms), repeats=repeats,
-                    family=getattr(self.family, "spec", self.family.name))
+                    family=getattr(self.family, "spec", self.family.name), tactics=tactics)
 
     def measure(self) -> None:
+        """The default of every backend (listing its tactics), then every tactic offered."""
         tasks = []
         for cfg in self.configs():
             Ms = [M for M in self.Ms if config_key(cfg) not in self.measured[M]]
             if Ms:
+                tasks.append(self._task(cfg, Ms, tactics=self._tunable(cfg["backend"])))
+        self._run(tasks)
+        tasks = []
+        for key, (cfg, offered) in self.tactic_configs().items():
+            Ms = [M for M in offered if key not in self.measured[M]]
+            if Ms:
                 tasks.append(self._task(cfg, Ms))
+        self._run(tasks)
 
+    def _run(self, tasks: list) -> None:
         def done(task, ms):
             for m in ms:
                 self.measured_now += 1
@@ -99,7 +141,7 @@ class BackendTuner:
                     continue
                 self.measured[m.M][config_key(m.config)] = m
                 self.studies[m.M].add_trial(optuna.trial.create_trial(
-                    params={"backend": m.config["backend"], "tactic": m.config.get("tactic", -1)},
+                    params={"backend": m.config["backend"], "tactic": tactic_id(m.config.get("tactic", -1))},
                     distributions=self.dists, value=m.time_us if m.ok else math.inf,
                     user_attrs={ATTR: m.to_dict()}))
             if self.progress is not None:
@@ -107,27 +149,40 @@ class BackendTuner:
         run_tasks(self.pool, tasks, done)
 
     # -- the correctness gate --------------------------------------------------------------------------
-    def disqualified(self) -> dict[str, Measurement]:
-        """backend -> the first failed measurement (lowest M): wrong, crashed or hung anywhere."""
-        out: dict = {}
+    def _failures(self):
         for M in self.Ms:
             for m in self.measured[M].values():
-                b = m.config["backend"]
-                if m.status not in (records.OK, records.INVALID, records.NOT_RECORDED) and b not in out:
-                    out[b] = m
+                if m.status not in (records.OK, records.INVALID, records.NOT_RECORDED):
+                    yield m
+
+    def disqualified(self) -> dict[str, Measurement]:
+        """backend -> the first failed run of its default (lowest M): wrong, crashed or hung anywhere."""
+        out: dict = {}
+        for m in self._failures():
+            if m.config.get("tactic", -1) == -1:
+                out.setdefault(m.config["backend"], m)
+        return out
+
+    def disqualified_tactics(self) -> dict[str, Measurement]:
+        """config key -> the first failed run (lowest M) of a tactic other than -1: a tactic wrong,
+        crashed, hung or replaced by FlashInfer's default at any M is out at every M."""
+        out: dict = {}
+        for m in self._failures():
+            if m.config.get("tactic", -1) != -1:
+                out.setdefault(config_key(m.config), m)
         return out
 
     # -- selection -------------------------------------------------------------------------------------
     def select(self) -> dict[int, Choice]:
         """Per M: the top few correct backends and SGLang's auto, re-measured; the fastest wins
         (autotune.finalists, the selection step the Triton configs go through too)."""
-        bad = self.disqualified()
+        bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
         auto = self.family.sglang_auto(self.device)
         auto_cfg = {"backend": auto, "tactic": -1}
         plan: dict = {}
         for M in self.Ms:
-            oks = sorted((m for m in self.measured[M].values() if m.ok and m.config["backend"] not in bad),
-                         key=lambda m: m.time_us)
+            oks = sorted((m for m in self.measured[M].values() if m.ok and m.config["backend"] not in bad
+                          and config_key(m.config) not in bad_tactics), key=lambda m: m.time_us)
             cands = [Finalist(TUNED, {LAYER: m.config}) for m in oks[: self.top] if m.config != auto_cfg]
             if (auto in self.names and auto not in bad and (M, config_key(auto_cfg)) not in self.unavailable):
                 cands.append(Finalist("auto", {LAYER: auto_cfg}))

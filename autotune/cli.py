@@ -376,7 +376,7 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         raise UsageError(str(e)) from None
     results, details = [], {}
     for fp in plans:
-        tuners = []
+        tuners, per_problem = [], []
         for p in fp.problems:
             with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
                       desc=f"{fp.name} {p.key}", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
@@ -384,6 +384,7 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                 t.measure()
             choices = t.select()
             tuners.append(t)
+            per_problem.append((p, choices))
             print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
             table = backend_table(t, choices)
             print(format_table(table))
@@ -391,6 +392,9 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                                                            "disqualified": sorted(t.disqualified())})
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
+            for m in t.disqualified_tactics().values():
+                print(f"  disqualified {m.config['backend']} tactic {m.config['tactic']}: {m.status} at M={m.M}: "
+                      f"{m.reason}")
             for b, m in sorted(t.unavailable_backends().items()):
                 print(f"  unavailable {b} (skipped, not stored: a re-run retries it): {m.reason}")
             details.setdefault(fp.name, {})[p.key] = {
@@ -406,6 +410,7 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
               + f"; {other.mix} mix: {other.backend or 'none eligible'}")
         results.append(([chosen, other], fp.family))
+        _write_tactic_files(args, device, fp.family, tuners, per_problem)
         _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
     try:
         path = server_args.write(args.out, device, results, args.checkpoint, details)
@@ -413,6 +418,44 @@ def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         raise UsageError(f"server_args.yaml not written: {e}") from None
     print(f"\nwrote {path}")
     _summary(args)["server_args"] = str(path)
+
+
+def _write_tactic_files(args, device, family, tuners, per_problem) -> None:
+    """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
+    beside the tuned configs (autotune.export.tactics)."""
+    from .export import flashinfer as fi_cache
+    from .export import tactics as files
+
+    if getattr(family, "runner", None) is None:
+        return
+    folder = Path(args.out) / device.file_name
+    invalid = files.blocklist_of(family, tuners)
+    if invalid:
+        path = folder / files.BLOCKLIST_FILE
+        try:
+            files.write_blocklist(path, invalid, files.blocklist_metadata(device.name))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
+              f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
+        _summary(args).setdefault("flashinfer_blocklist", str(path))
+    entries = files.cache_entries_of(family, per_problem)
+    if not entries:
+        return
+    path = folder / files.CACHE_FILE
+    try:
+        # What FlashInfer recorded of this machine; a field it could not read ("unknown", e.g. the
+        # CuTe-DSL version where that package is absent) would make every normal install ignore
+        # the file, so it becomes the wildcard.
+        seen = device.versions.get("flashinfer_metadata") or device.versions
+        unknown = [k for k, v in seen.items() if v in (None, "unknown")]
+        fi_cache.write_cache(path, entries, fi_cache.metadata_for(seen, wildcard=unknown))
+    except ValueError as e:
+        print(f"  {len(entries)} winning tactics not written to {path.name}: {e}")
+        return
+    print(f"wrote {path} ({len(entries)} winning tactics, one file for every TP rank; SGLang reads it from "
+          "$SGLANG_CACHE_DIR/flashinfer/autotune/<flashinfer>/sm<XY>/<model hash>/rank_tp*_pp*_dp*.json)")
+    _summary(args).setdefault("flashinfer_cache", str(path))
 
 
 def _summary(args) -> dict:

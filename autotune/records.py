@@ -61,6 +61,9 @@ class Measurement:
     compile_s: float = 0.0     # first launch (compile + load) in its worker
     bench_s: float = 0.0       # GPU-exclusive timing seconds
     samples: int = 0
+    # The tactics the backend's runner offered for this problem at this M (JSON form), when the
+    # task asked for them: FlashInfer enumerates them on the GPU, for the shapes at hand.
+    tactics: list | None = None
 
     @property
     def ok(self) -> bool:

@@ -60,6 +60,7 @@ class Task:
     family: str = ""              # kernel family; "" = Settings.family
     id: int = 0
     tag: object = None            # orchestrator bookkeeping, never sent
+    tactics: bool = False         # also list the tactics the backend offers at each M
 
 
 def classify(exc: BaseException) -> tuple[str, bool]:
@@ -246,8 +247,16 @@ class _Measurer:
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal
-        return Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
-                           compile_s, t.bench_s, t.samples), False
+        m = Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
+                        compile_s, t.bench_s, t.samples)
+        if task.tactics:
+            try:
+                with self.gpu():
+                    m.tactics = list(family.tactics(cfg, inputs))
+            except Exception as e:     # the default still ran: only the search inside it is lost
+                m.reason = failure_reason("listing tactics", e)
+                m.tactics = []
+        return m, False
 
 
 @dataclass

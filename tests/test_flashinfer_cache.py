@@ -446,3 +446,21 @@ def test_path_layout_and_defaults(monkeypatch, tmp_path):
     assert p != sglang_cache_path(tmp_path, **{**kw, "skip_ops": ["fp4_gemm"]})
     assert sglang_cache_path(tmp_path, **kw, gpu_uuid="GPU-1", dp_rank=2).name == "rank_tp0_pp0_dp2_gpuGPU-1.json"
     assert sglang_cache_path(tmp_path, **{**kw, "sm": 121}).parent.parent.name == "sm121"
+
+
+@pytest.mark.parametrize("m", [1, 64, 512, 4096])
+def test_bmm_fp8_tactic_pins_under_flashinfers_own_key(runners, m):
+    """The entry autotune's bmm_fp8 runner writes for a winning tactic is the key FlashInfer's
+    fp8_gemm builds for the operands bmm_fp8 passes, runner class included; a batch between
+    buckets gets no entry of its own (its bucket's entry serves it)."""
+    from autotune.kernels.fp8_gemm.flashinfer_cudnn import RUNNER
+
+    problem = SimpleNamespace(N=N, K=K)
+    ours = RUNNER.cache_entry(problem, m, [3, []])            # the tactic as the study stores it (JSON)
+    r = runners["cudnn_fp8"]
+    inputs = bmm_fp8_inputs(m)
+    key = AutoTuner._get_cache_key(BMM_FP8, r, sizes(inputs), tuning_config_for(BMM_FP8),
+                                   r.get_cache_key_extras(inputs))
+    assert ours.file_key == key.file_key
+    assert ours.runner == type(r).__name__ and ours.tactic == (3, ())
+    assert RUNNER.cache_entry(problem, 24, [3, []]) is None

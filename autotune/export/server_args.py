@@ -17,6 +17,7 @@ from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
 from ..fsutil import write_atomic, write_json
 from ..backends import FAMILIES, FAMILY_FLAGS
+from .tactics import BLOCKLIST_FILE, CACHE_FILE
 
 SERVER_ARGS = "server_args.yaml"
 DETAILS = "backend_choice.json"
@@ -80,8 +81,15 @@ def render(details: dict, path: str | Path) -> str:
     checkpoint = details.get("checkpoint")
     lines = [f"# autotune: SGLang server arguments for {device.name} (SM{device.sm}), {details['date']}",
              f"# families: {', '.join(families)}; MoE runner line for: {checkpoint or '-'}",
-             f"# load with: python -m sglang.launch_server --config {path} ...",
-             ""]
+             f"# load with: python -m sglang.launch_server --config {path} ..."]
+    folder = Path(path).parent
+    if (folder / BLOCKLIST_FILE).exists():
+        lines.append(f"# tactics our check disqualified: export FLASHINFER_TACTICS_BLOCKLIST={folder / BLOCKLIST_FILE} "
+                     "before the launch (SGLang's start-up tuning then never picks them)")
+    if (folder / CACHE_FILE).exists():
+        lines.append(f"# winning tactics: copy {folder / CACHE_FILE} to every rank's file under $SGLANG_CACHE_DIR/"
+                     "flashinfer/autotune/<flashinfer version>/sm<XY>/<model hash>/ (rank_tp*_pp*_dp*.json)")
+    lines.append("")
     for name, entry in families.items():
         flag = FAMILY_FLAGS.get(name, name)
         comments, value = _section(name, entry)

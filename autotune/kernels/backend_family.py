@@ -101,6 +101,11 @@ class BackendFamily:
                     # A backend that fails here fails again, recorded, in its trial.
                     torch.cuda.synchronize()
 
+    def tactics(self, config: dict, inputs) -> list:
+        """The tactics the config's backend offers for these inputs (JSON form; -1 first)."""
+        b = self.runner(config["backend"])
+        return b.tactics(inputs) if b.tunable else [-1]
+
     # -- launch -----------------------------------------------------------------------------------
     def run(self, config: dict, inputs, routing: int):
         return self.runner(config["backend"]).run(inputs, routing, config.get("tactic", -1))

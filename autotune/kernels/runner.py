@@ -12,9 +12,18 @@ capability table (autotune.backends) is made of these declarations. docs/DESIGN.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+import warnings
 from dataclasses import dataclass
+
+# FlashInfer's cuDNN runners catch a plan that fails, warn with this, and run tactic -1 instead.
+FELL_BACK = "falling back to default tactic=-1"
+
+
+class TacticNotRun(RuntimeError):
+    """FlashInfer ran its default in place of the tactic asked for."""
 
 
 @dataclass(frozen=True)
@@ -32,11 +41,20 @@ class Runner:
     known_failures: tuple = ()
     # why autotune cannot launch it yet (declared so it is listed and skipped with the reason)
     not_implemented: str | None = None
+    # FlashInfer's op name and runner class for its tactics: the key of its autotune cache entries
+    # and of its tactics blocklist ("op::RunnerClass")
+    flashinfer_op: str | None = None
+    flashinfer_runner: str | None = None
 
     def tactics(self, inputs) -> list[int]:
         """The tactics to try for these inputs. -1 is the backend as SGLang runs it (its own
         default or FlashInfer's autotuned choice)."""
         return [-1]
+
+    def cache_entry(self, problem, M: int, tactic):
+        """FlashInfer's autotune cache entry pinning `tactic` for this problem at M (an
+        autotune.export.flashinfer.CacheEntry), or None where FlashInfer keeps no entry for it."""
+        return None
 
     def run(self, inputs, routing: int, tactic: int = -1):
         """Launch once on routing set `routing`; returns the output tensor (and sets inputs.C)."""
@@ -51,3 +69,18 @@ def discover(package: str) -> list[Runner]:
         mod = importlib.import_module(f"{package}.{info.name}")
         found.extend(getattr(mod, "RUNNERS", ()) or ([mod.RUNNER] if hasattr(mod, "RUNNER") else []))
     return found
+
+
+@contextlib.contextmanager
+def exact_tactic(tactic):
+    """Run a FlashInfer tactic so that it fails as itself: where FlashInfer would quietly run
+    its default in its place (the output right, the time the default's), raise TacticNotRun."""
+    if tactic == -1:
+        yield
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+    for w in seen:
+        if FELL_BACK in str(w.message):
+            raise TacticNotRun(f"FlashInfer ran tactic -1 in place of {tactic}: {w.message}")

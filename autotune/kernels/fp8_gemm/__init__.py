@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backend_family import BackendFamily, rotate
-from ..runner import Runner
+from ..runner import Runner, exact_tactic
 from ..triton_moe import fp8_blocks, fp8_per_matrix
 
 BLOCK = (128, 128)
@@ -98,14 +98,72 @@ class SglangLinear(Runner):
 
 @dataclass(frozen=True)
 class BmmFp8(Runner):
-    """FlashInfer's bmm_fp8 with one of its backends (per-tensor scales; reference only)."""
+    """FlashInfer's bmm_fp8 with one of its backends (per-tensor scales). Tactic -1 is the public
+    call, as SGLang makes it; other tactics go to the runner object FlashInfer's `fp8_gemm` op
+    itself builds for that backend (what its AutoTuner profiles and its cache pins)."""
     backend: str = ""
 
-    def run(self, inputs: GemmInputs, routing: int, tactic: int = -1):
+    def _flashinfer_runner(self, inputs: GemmInputs):
+        from flashinfer.gemm import gemm_base as g
+
+        if "runner" not in inputs.cache:     # one object: cuBLASLt's algo list is cached inside it
+            inputs.cache["runner"] = (g.get_gemm_module().cublas_fp8_gemm_runner() if self.backend == "cublas"
+                                      else g._cudnn_gemm_fp8_runner())
+        return inputs.cache["runner"]
+
+    def _operands(self, inputs: GemmInputs, routing: int) -> list:
+        """[a, b, scale_a, scale_b, out, workspace]: the inputs list FlashInfer's fp8_gemm passes."""
+        import torch
+        from flashinfer.gemm import gemm_base as g
+
+        key = ("operands", routing)
+        if key not in inputs.cache:
+            a, sa = per_tensor_x(inputs.x[routing])
+            w, sw = inputs.w_tensor[routing]
+            out = torch.empty((1, inputs.M, inputs.problem.N), dtype=torch.bfloat16, device=a.device)
+            ws = g._get_cache_buf("bmm_fp8_workspace", g.DEFAULT_WORKSPACE_SIZE, a.device)
+            inputs.cache[key] = [a.unsqueeze(0), w.t().unsqueeze(0), sa, sw, out, ws]
+        return inputs.cache[key]
+
+    def tactics(self, inputs: GemmInputs) -> list:
+        from flashinfer.autotuner import _tactic_to_json
+
+        # Neither runner reads the profile: cuBLASLt's heuristic and cuDNN's plans are for these shapes.
+        offered = self._flashinfer_runner(inputs).get_valid_tactics(self._operands(inputs, 0), None)
+        return [-1] + [_tactic_to_json(t) for t in offered]
+
+    def cache_entry(self, problem, M: int, tactic):
+        """The entry FlashInfer's fp8_gemm would store for bmm_fp8 at M, from the shapes and dtypes
+        of the operands `_operands` builds (FlashInfer's own bucketing and key code). None where M
+        is not a bucket of its own: a batch between buckets is served by its bucket's entry."""
+        import torch
+        from flashinfer.autotuner import _json_to_tactic
+        from flashinfer.gemm import gemm_base as g
+
+        from ...export.flashinfer import CacheEntry
+
+        cfg = g._FP8_GEMM_SM100_TUNING_CONFIG
+        if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
+            return None
+        N, K = problem.N, problem.K
+        shapes = [(1, M, K), (1, K, N), (), (), (1, M, N), (g.DEFAULT_WORKSPACE_SIZE,)]
+        dtypes = (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16)   # get_cache_key_extras
+        return CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, shapes, cfg,
+                                    _json_to_tactic(tactic), dtypes)
+
+    def run(self, inputs: GemmInputs, routing: int, tactic=-1):
         import flashinfer
         import torch
 
-        a, sa = per_tensor_x(inputs.x[routing])
-        w, sw = inputs.w_tensor[routing]
-        out = flashinfer.bmm_fp8(a.unsqueeze(0), w.t().unsqueeze(0), sa, sw, torch.bfloat16, backend=self.backend)
-        return set_output(inputs, out.squeeze(0))
+        if tactic == -1:
+            a, sa = per_tensor_x(inputs.x[routing])
+            w, sw = inputs.w_tensor[routing]
+            out = flashinfer.bmm_fp8(a.unsqueeze(0), w.t().unsqueeze(0), sa, sw, torch.bfloat16,
+                                     backend=self.backend)
+            return set_output(inputs, out.squeeze(0))
+        from flashinfer.autotuner import _json_to_tactic
+
+        ops = self._operands(inputs, routing)
+        with exact_tactic(tactic):
+            self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
+        return set_output(inputs, ops[4].squeeze(0))

@@ -2,4 +2,5 @@
 from . import BmmFp8
 
 RUNNER = BmmFp8("fp8_gemm", "flashinfer_cublas", None, "flashinfer.bmm_fp8(backend='cublas') (per-tensor)",
-                ("bmm_fp8", "cublas"), backend="cublas")
+                ("bmm_fp8", "cublas"), backend="cublas",
+                tunable=True, flashinfer_op="fp8_gemm", flashinfer_runner="CublasFp8GemmRunner")

@@ -1,0 +1,102 @@
+"""A backend-choice family with tactics, whose tactics misbehave on purpose (tests of the tactic
+gate, the blocklist and the cache; FlashInfer's real runners need a GPU).
+
+Backends: `tunable` (FlashInfer-style runner "FakeFp8GemmRunner" of op "fp8_gemm"; SGLang's auto),
+`plain` (no tactics, slow). The tunable runner's tactics:
+  -1  its default: correct, slow
+   0  correct, the fastest correct one
+   1  faster still, but wrong at M=2 only (fine at the other Ms)
+   2  "falls back": FlashInfer's cuDNN runners warn and run -1 in its place
+   3  correct, slower than 0
+   4  offered at M=64 only (a tactic valid at one bucket), correct
+"""
+import time
+import warnings
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from autotune.backends import Availability
+from autotune.kernels.runner import FELL_BACK, Runner, exact_tactic
+from autotune.spaces import Space
+
+SLEEP = {-1: 0.004, 0: 0.0005, 1: 0.0002, 2: 0.0001, 3: 0.002, 4: 0.003}
+
+
+@dataclass(frozen=True)
+class FakeRunner(Runner):
+    def tactics(self, inputs):
+        return [-1, 0, 1, 2, 3] + ([4] if inputs.M == 64 else [])
+
+    def cache_entry(self, problem, M, tactic):
+        from autotune.export.flashinfer import CacheEntry
+        return CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)
+
+
+RUNNERS = {"tunable": FakeRunner("moe_bf16", "tunable", "flashinfer_cutlass", "test", tunable=True,
+                                 flashinfer_op="fp8_gemm", flashinfer_runner="FakeFp8GemmRunner"),
+           "plain": Runner("moe_bf16", "plain", "triton", "test")}
+
+
+class TacticBackends:
+    name = "moe_bf16"
+    spec = "tests.tactic_backends:TacticBackends"
+    gemms = ("layer",)
+
+    def runner(self, backend):
+        return RUNNERS[backend]
+
+    def availability(self, device):
+        return [Availability(r, True, "") for r in RUNNERS.values()]
+
+    def unsupported_reason(self, problem, device):
+        return None
+
+    def space(self, problem, gemm, device):
+        return Space(self.name, {"backend": tuple(RUNNERS), "tactic": (-1,)})
+
+    def check(self, config, problem, gemm, device):
+        return None
+
+    def sglang_auto(self, device):
+        return "tunable"
+
+    def sglang_value(self, backend):
+        return RUNNERS[backend].sglang_value
+
+    def baselines(self, problem, M, device):
+        return {}
+
+    def warmup(self, problems, on_cpu=False):
+        pass
+
+    def compile(self, config, inputs):
+        pass
+
+    def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=1, on_cpu=True):
+        import torch
+        return SimpleNamespace(M=M, C=torch.empty(8), x=torch.arange(8.0) + M)
+
+    def reference(self, inputs, config=None):
+        return inputs.x
+
+    def tolerance(self, problem, on_cpu=False):
+        return 1e-6
+
+    def tactics(self, config, inputs):
+        r = RUNNERS[config["backend"]]
+        return r.tactics(inputs) if r.tunable else [-1]
+
+    def run(self, config, inputs, routing):
+        tactic = config.get("tactic", -1)
+        if config["backend"] == "plain":
+            time.sleep(0.01)
+            return inputs.C.copy_(inputs.x)
+        with exact_tactic(tactic):
+            if tactic == 2:       # as FlashInfer's cuDNN runner does with a plan that fails
+                warnings.warn(f"cuDNN fp8 GEMM tactic failed; {FELL_BACK}. (plan 2 not supported)")
+                tactic = -1
+            time.sleep(SLEEP[tactic])
+            inputs.C.copy_(inputs.x)
+            if tactic == 1 and inputs.M == 2:
+                inputs.C[3] += 1.0
+        return inputs.C

@@ -1,0 +1,148 @@
+"""Tactics inside a backend: listed by the runner at each M, each measured and checked at every M
+that offers it; a tactic wrong at one M, or one FlashInfer replaced by its default, is disqualified
+alone and lands in a blocklist FlashInfer's own loader applies; the winners are pinned in a cache
+FlashInfer's own loader serves."""
+import json
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from autotune.choice import BackendTuner, tactic_id
+from autotune.device import DeviceInfo
+from autotune.export import tactics as tactic_files
+from autotune.models import Problem
+from autotune.records import config_key
+from autotune.worker import Settings, WorkerPool
+from tests.tactic_backends import RUNNERS, TacticBackends
+
+pytestmark = pytest.mark.slow      # a worker pool measuring every tactic
+
+DEVICE = DeviceInfo("NVIDIA H200", 90, 232448, kind="cpu-interpreter")
+PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2, 64))
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    fam = TacticBackends()
+    settings = Settings(family=fam.spec, on_cpu=True, routings=1, repeats=5)
+    storage = optuna.storages.InMemoryStorage()
+    with WorkerPool(settings, n_workers=2, timeout_s=30) as pool:
+        tuner = BackendTuner(storage, PROBLEM, fam, DEVICE, pool, careful_repeats=7)
+        tuner.measure()
+        choices = tuner.select()
+    return fam, tuner, choices, storage
+
+
+def cfg(t):
+    return {"backend": "tunable", "tactic": t}
+
+
+def test_every_offered_tactic_is_measured_where_offered(tuned):
+    _, tuner, _, _ = tuned
+    for M in PROBLEM.batch_sizes:
+        have = {m.config.get("tactic") for m in tuner.measured[M].values() if m.config["backend"] == "tunable"}
+        assert have == {-1, 0, 1, 2, 3} | ({4} if M == 64 else set())
+    assert tuner.measured[64][config_key(cfg(-1))].tactics == [-1, 0, 1, 2, 3, 4]
+
+
+def test_a_bad_tactic_is_disqualified_alone_with_its_evidence(tuned):
+    _, tuner, _, _ = tuned
+    assert tuner.disqualified() == {}                  # the backend itself is fine
+    bad = tuner.disqualified_tactics()
+    assert set(bad) == {config_key(cfg(1)), config_key(cfg(2))}
+    wrong = bad[config_key(cfg(1))]
+    assert wrong.M == 2 and wrong.status == "wrong_result"          # right at M=1 and 64, wrong at 2
+    assert tuner.measured[1][config_key(cfg(1))].ok
+    fell_back = bad[config_key(cfg(2))]
+    assert "FlashInfer ran tactic -1 in place of 2" in fell_back.reason   # right output, not the tactic
+
+
+def test_the_winner_is_the_fastest_correct_tactic_everywhere(tuned):
+    _, _, choices, _ = tuned
+    assert set(choices) == {1, 2, 64}
+    for c in choices.values():
+        assert c.config == cfg(0)
+        assert c.auto_us is not None and c.time_us < c.auto_us
+        # tactic 1 was the fastest at M=1 and M=64 and is still never a candidate there
+        assert all(x["config"].get("tactic") not in (1, 2) for x in c.candidates)
+
+
+def test_the_studies_hold_every_tactic_as_an_integer_parameter(tuned):
+    _, tuner, _, _ = tuned
+    params = {t.params["tactic"] for t in tuner.studies[64].get_trials(deepcopy=False)
+              if t.params["backend"] == "tunable"}
+    assert params == {-1, 0, 1, 2, 3, 4}
+    assert tactic_id([7, [[1, 2]]]) == tactic_id([7, [[1, 2]]]) != tactic_id([7, [[1, 3]]])
+    assert tactic_id([7, [[1, 2]]]) > 1_000_000
+
+
+def test_blocklist_is_applied_by_flashinfers_own_loader(tuned, tmp_path):
+    from flashinfer.tactics_blocklist import TacticsBlocklist
+
+    fam, tuner, _, _ = tuned
+    invalid = tactic_files.blocklist_of(fam, [tuner])
+    assert invalid == {"fp8_gemm::FakeFp8GemmRunner": [1, 2]}
+    path = tmp_path / tactic_files.BLOCKLIST_FILE
+    tactic_files.write_blocklist(path, invalid, tactic_files.blocklist_metadata("*"))
+    bl = TacticsBlocklist()
+    assert bl.load(str(path))
+
+    class FakeFp8GemmRunner:       # FlashInfer keys the blocklist by the runner's class name
+        pass
+    assert bl.filter("fp8_gemm", FakeFp8GemmRunner(), [-1, 0, 1, 2, 3, 4]) == [-1, 0, 3, 4]
+    # a later run adds what it found and keeps what the earlier one found
+    tactic_files.write_blocklist(path, {"fp8_gemm::FakeFp8GemmRunner": [3]}, tactic_files.blocklist_metadata("*"))
+    assert json.loads(path.read_text())["invalid_tactics"] == {"fp8_gemm::FakeFp8GemmRunner": [1, 2, 3]}
+
+
+def test_a_file_that_is_not_a_blocklist_is_left_alone(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text('{"something": "else"}')
+    with pytest.raises(ValueError, match="not a FlashInfer tactics blocklist; not overwritten"):
+        tactic_files.write_blocklist(path, {"fp8_gemm::X": [1]}, tactic_files.blocklist_metadata("*"))
+    assert path.read_text() == '{"something": "else"}'
+
+
+def test_cache_entries_pin_the_winners(tuned):
+    fam, _, choices, _ = tuned
+    entries = tactic_files.cache_entries_of(fam, [(PROBLEM, choices)])
+    assert [(e.profile[0][0], e.tactic) for e in entries] == [(1, 0), (2, 0), (64, 0)]
+    assert {e.runner for e in entries} == {RUNNERS["tunable"].flashinfer_runner}
+
+
+def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned, tmp_path, capsys):
+    from flashinfer.autotuner import AutoTuner
+    from flashinfer.autotuner.autotuner import _collect_metadata
+
+    from autotune import cli
+    from autotune.export import server_args
+
+    fam, tuner, choices, _ = tuned
+    device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
+                        versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
+    args = SimpleNamespace(out=str(tmp_path))
+    cli._write_tactic_files(args, device, fam, [tuner], [(PROBLEM, choices)])
+    folder = tmp_path / device.file_name
+    cache = folder / tactic_files.CACHE_FILE
+    assert AutoTuner().load_configs(str(cache))
+    loaded = json.loads(cache.read_text())
+    assert sorted(v[1] for k, v in loaded.items() if not k.startswith("_")) == [0, 0, 0]
+    assert json.loads((folder / tactic_files.BLOCKLIST_FILE).read_text())["invalid_tactics"] == {
+        "fp8_gemm::FakeFp8GemmRunner": [1, 2]}
+    text = server_args.render({"device": device.to_dict(), "families": {}, "date": "today"},
+                              folder / "server_args.yaml")
+    assert f"FLASHINFER_TACTICS_BLOCKLIST={folder / tactic_files.BLOCKLIST_FILE}" in text
+    assert f"copy {cache} to every rank's file" in text
+
+
+def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp_path, capsys):
+    from autotune import cli
+
+    fam, tuner, choices, _ = tuned
+    device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
+    cli._write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner], [(PROBLEM, choices)])
+    folder = tmp_path / device.file_name
+    assert not (folder / tactic_files.CACHE_FILE).exists()
+    assert "3 winning tactics not written" in capsys.readouterr().out
+    assert (folder / tactic_files.BLOCKLIST_FILE).exists()      # the blocklist needs only the GPU's name
