@@ -11,7 +11,7 @@
 #                 SGLang's ModelRunner with CUDA graphs, no scheduler/HTTP).
 # MODE=server:    `python -m sglang.launch_server` per arm and repeat, measured by scripts/sglang_decode_probe.py
 #                 (decode tokens/s of a batch of requests through HTTP, scheduler included).
-# Env: REPS (3), BS ("1 8 32 64 128 256"), ARMS ("default shipped tuned"), DTYPE (bf16 | fp8_block),
+# Env: REPS (3), REP_FROM (1: the first repeat's number), BS ("1 8 32 64 128 256"), ARMS ("default shipped tuned"), DTYPE (bf16 | fp8_block),
 #      TUNED (tuned_configs/sglang-0.5.16/NVIDIA_H200), LAYERS (60), DEADLINE (s, 570).
 # Everything lands in $OUT: runs.tgz (every log and result), summary.txt, the compile caches for the next call.
 set -uo pipefail
@@ -88,7 +88,7 @@ server() {  # tag arm
 
 # Arms rotate per repeat (ABC, BCA, CAB): drift over the call falls on every arm alike.
 read -ra arms <<< "$ARMS"; n=${#arms[@]}
-for r in $(seq 1 "$REPS"); do
+for r in $(seq "${REP_FROM:-1}" $(( ${REP_FROM:-1} + REPS - 1 ))); do
   for i in $(seq 0 $((n - 1))); do
     arm=${arms[$(( (i + r - 1) % n ))]}
     $MODE ${MODE}_${DTYPE}_r${r}_${arm} $arm

@@ -13,11 +13,11 @@ Backends: `tunable` (FlashInfer-style runner "FakeFp8GemmRunner" of op "fp8_gemm
 import time
 import warnings
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from autotune.backends import Availability
 from autotune.kernels.runner import FELL_BACK, Runner, exact_tactic
 from autotune.spaces import Space
+from tests.faulty_backends import FaultyBackends
 
 SLEEP = {-1: 0.004, 0: 0.0005, 1: 0.0002, 2: 0.0001, 3: 0.002, 4: 0.003}
 
@@ -37,10 +37,9 @@ RUNNERS = {"tunable": FakeRunner("moe_bf16", "tunable", "flashinfer_cutlass", "t
            "plain": Runner("moe_bf16", "plain", "triton", "test")}
 
 
-class TacticBackends:
-    name = "moe_bf16"
+class TacticBackends(FaultyBackends):
+    """FaultyBackends' inputs, reference and stubs; its own backends, with tactics."""
     spec = "tests.tactic_backends:TacticBackends"
-    gemms = ("layer",)
 
     def runner(self, backend):
         return RUNNERS[backend]
@@ -48,39 +47,14 @@ class TacticBackends:
     def availability(self, device):
         return [Availability(r, True, "") for r in RUNNERS.values()]
 
-    def unsupported_reason(self, problem, device):
-        return None
-
     def space(self, problem, gemm, device):
         return Space(self.name, {"backend": tuple(RUNNERS), "tactic": (-1,)})
-
-    def check(self, config, problem, gemm, device):
-        return None
 
     def sglang_auto(self, device):
         return "tunable"
 
     def sglang_value(self, backend):
         return RUNNERS[backend].sglang_value
-
-    def baselines(self, problem, M, device):
-        return {}
-
-    def warmup(self, problems, on_cpu=False):
-        pass
-
-    def compile(self, config, inputs):
-        pass
-
-    def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=1, on_cpu=True):
-        import torch
-        return SimpleNamespace(M=M, C=torch.empty(8), x=torch.arange(8.0) + M)
-
-    def reference(self, inputs, config=None):
-        return inputs.x
-
-    def tolerance(self, problem, on_cpu=False):
-        return 1e-6
 
     def tactics(self, config, inputs):
         r = RUNNERS[config["backend"]]

@@ -83,3 +83,33 @@ def test_the_gate_fails_when_tuned_is_slower_beyond_noise(tmp_path):
     got, _ = read_runs(runs, TUNED)
     cs = comparisons(got, "shipped")
     assert cs and all(c.verdict == "regression" for c in cs if c.extra["mode"] == "one_batch")
+
+
+FP8_RUNS = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang016_arms_fp8_block_2026-12-02.tgz"
+
+
+def test_block_fp8_arms_read_from_sglangs_own_lines(tmp_path):
+    """Block-FP8 file names hold a space ("block_shape=[128, 128]"): the whole path is the evidence.
+    SGLang 0.5.16 ships no H200 file for E=512, N=128 block-FP8, so its shipped arm is its default,
+    which the shipped arm accepts (and records) rather than refusing."""
+    import tarfile
+
+    with tarfile.open(FP8_RUNS) as t:
+        t.extractall(tmp_path)
+    runs, problems = read_runs(tmp_path / "arms_runs", TUNED)
+    assert problems == [] and len(runs) == 9
+    name = "E=512,N=128,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    for r in runs:
+        if r.arm == "tuned":
+            assert sorted(r.evidence.files) == [f"/work/main/{TUNED}/configs/triton_3_6_0/{name}{s}.json"
+                                                for s in ("", "_down")]
+        else:
+            assert not r.evidence.files and all(name in d for d in r.evidence.defaults)
+            assert len(r.evidence.defaults) == 2
+    shipped = [r for r in runs if r.arm == "shipped"][0].evidence
+    assert all("/sglang/srt/layers/moe/" in d for d in shipped.defaults)     # SGLang's own folder had none
+
+
+def test_a_shipped_arm_with_neither_file_nor_default_is_refused():
+    from autotune.validate.server_arms import check_arm
+    assert check_arm("shipped", evidence("no config lines at all"), None) == "SGLang loaded no MoE config file"
