@@ -464,3 +464,20 @@ def test_bmm_fp8_tactic_pins_under_flashinfers_own_key(runners, m):
     assert ours.file_key == key.file_key
     assert ours.runner == type(r).__name__ and ours.tactic == (3, ())
     assert RUNNER.cache_entry(problem, 24, [3, []]) is None
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "cutlass"])
+@pytest.mark.parametrize("m", [1, 64, 128])
+def test_mm_fp4_tactic_pins_under_flashinfers_own_key(runners, backend, m):
+    """SM120's NVFP4 GEMM (no FP4 GPU here): the entry autotune's mm_fp4 runner writes is the key
+    FlashInfer's fp4_gemm builds for the operands SGLang's NVFP4 linear passes, extras included."""
+    import importlib
+
+    ours_runner = importlib.import_module(f"autotune.kernels.fp4_gemm.{backend}").RUNNER
+    tactic = [3, []] if backend == "cudnn" else 5
+    ours = ours_runner.cache_entry(SimpleNamespace(N=N, K=K), m, tactic)
+    fi = runners["cudnn_fp4"] if backend == "cudnn" else CutlassFp4GemmRunner()
+    inputs = mm_fp4_inputs(m)
+    key = AutoTuner._get_cache_key(MM_FP4, fi, sizes(inputs), tuning_config_for(MM_FP4), fi.get_cache_key_extras(inputs))
+    assert ours.file_key == key.file_key and ours.runner == type(fi).__name__
+    assert ours.policy == AutoTuner._profiling_policy(tuning_config_for(MM_FP4))    # cold L2 + graphs: kept

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backend_family import BackendFamily, rotate
-from ..runner import Runner
+from ..runner import Runner, exact_tactic
 
 FP4_MAX, FP8_MAX = 6.0, 448.0
 
@@ -60,14 +60,82 @@ class Fp4Gemm(BackendFamily):
 
 @dataclass(frozen=True)
 class MmFp4(Runner):
-    """flashinfer.mm_fp4 with one of its backends."""
+    """flashinfer.mm_fp4 with one of its backends. Tactic -1 is the public call, as SGLang makes
+    it; other tactics go to the runner object mm_fp4's `fp4_gemm` op builds for that backend (what
+    FlashInfer's AutoTuner profiles and its cache pins)."""
     backend: str = ""
 
-    def run(self, inputs: Fp4Inputs, routing: int, tactic: int = -1):
+    def _flashinfer_runner(self, inputs: Fp4Inputs):
+        import torch
+        from flashinfer.gemm import gemm_base as g
+
+        if "runner" not in inputs.cache:
+            major, minor = torch.cuda.get_device_capability()
+            make = {"cudnn": lambda: g._cudnn_gemm_fp4_runner(g._MM_FP4_TUNING_CONFIG_128x4),
+                    "cutlass": lambda: g.get_cutlass_fp4_gemm_module(major, minor).cutlass_fp4_gemm_runner(),
+                    "b12x": lambda: g._b12x_gemm_fp4_runner(major, minor, True, torch.bfloat16, True)}
+            inputs.cache["runner"] = make[self.backend]()
+        return inputs.cache["runner"]
+
+    def _operands(self, inputs: Fp4Inputs, routing: int) -> list:
+        """mm_fp4's choose_one inputs: a, b, a_descale, b_descale, alpha, out_dtype, out,
+        block_size, use_nvfp4, workspace (alpha 0-d, as SGLang's ModelOpt linear passes it)."""
+        import torch
+        from flashinfer.gemm import gemm_base as g
+
+        key = ("operands", routing)
+        if key not in inputs.cache:
+            (aq, asf, ags), (bq, bsf, bgs) = inputs.a[routing], inputs.b[routing]
+            alpha = (1.0 / (ags * bgs)).reshape(()).float()
+            out = torch.empty((inputs.M, inputs.problem.N), dtype=torch.bfloat16, device=aq.device)
+            ws = g._get_cache_buf("mm_fp4_workspace", g.DEFAULT_WORKSPACE_SIZE, aq.device)
+            inputs.cache[key] = [aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, out, 16, True, ws]
+        return inputs.cache[key]
+
+    def tactics(self, inputs: Fp4Inputs) -> list:
+        from flashinfer.autotuner import _tactic_to_json
+
+        ops = self._operands(inputs, 0)
+        offered = self._flashinfer_runner(inputs).get_valid_tactics(ops, None)
+        return [-1] + [_tactic_to_json(t) for t in offered]
+
+    def cache_entry(self, problem, M: int, tactic):
+        """The entry FlashInfer's fp4_gemm would store at M for the operands SGLang's NVFP4 linear
+        passes (FlashInfer's own bucketing and key code); None where M is not its own bucket."""
+        import torch
+        from flashinfer.autotuner import AutoTuner, _json_to_tactic
+        from flashinfer.gemm import gemm_base as g
+
+        from ...export.flashinfer import CacheEntry
+
+        cfg = g._MM_FP4_TUNING_CONFIG_128x4
+        if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
+            return None
+        N, K = problem.N, problem.K
+
+        def meta(*shape, dtype=torch.uint8):
+            return torch.empty(shape, dtype=dtype, device="meta")
+        ops = [meta(M, K // 2), meta(N, K // 2).T, meta(-(-M // 128) * 128, K // 16), meta(N, K // 16).T,
+               meta(dtype=torch.float32), torch.bfloat16, meta(M, N, dtype=torch.bfloat16), 16, True,
+               meta(g.DEFAULT_WORKSPACE_SIZE)]
+        # The cuDNN runner keys on what picks its graph (its get_cache_key_extras); the others on shapes only.
+        extras = (torch.bfloat16, 16, True, True) if self.backend == "cudnn" else ()
+        return CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, AutoTuner.get()._get_input_sizes(ops),
+                                    cfg, _json_to_tactic(tactic), extras)
+
+    def run(self, inputs: Fp4Inputs, routing: int, tactic=-1):
         import torch
         from flashinfer import mm_fp4
 
-        (aq, asf, ags), (bq, bsf, bgs) = inputs.a[routing], inputs.b[routing]
-        alpha = (1.0 / (ags * bgs)).reshape(1).float()
-        inputs.C = mm_fp4(aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, backend=self.backend)
+        if tactic == -1:
+            (aq, asf, ags), (bq, bsf, bgs) = inputs.a[routing], inputs.b[routing]
+            alpha = (1.0 / (ags * bgs)).reshape(()).float()
+            inputs.C = mm_fp4(aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, backend=self.backend)
+            return inputs.C
+        from flashinfer.autotuner import _json_to_tactic
+
+        ops = self._operands(inputs, routing)
+        with exact_tactic(tactic):
+            self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
+        inputs.C = ops[6]
         return inputs.C

@@ -3,4 +3,5 @@ its tactics are the CUTLASS tile/schedule configs of FlashInfer's runner."""
 from . import MmFp4
 
 RUNNER = MmFp4("fp4_gemm", "cutlass", "flashinfer_cutlass", "flashinfer.mm_fp4(backend='cutlass')",
-               ("mm_fp4", "cutlass"), tunable=True, backend="cutlass")
+               ("mm_fp4", "cutlass"), tunable=True, backend="cutlass",
+               flashinfer_op="fp4_gemm", flashinfer_runner="CutlassFp4GemmRunner")
