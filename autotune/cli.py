@@ -453,8 +453,8 @@ def _write_tactic_files(args, device, family, tuners, per_problem) -> None:
     except ValueError as e:
         print(f"  {len(entries)} winning tactics not written to {path.name}: {e}")
         return
-    print(f"wrote {path} ({len(entries)} winning tactics, one file for every TP rank; SGLang reads it from "
-          "$SGLANG_CACHE_DIR/flashinfer/autotune/<flashinfer>/sm<XY>/<model hash>/rank_tp*_pp*_dp*.json)")
+    print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
+          "puts it where SGLang reads it, one identical file per rank)")
     _summary(args).setdefault("flashinfer_cache", str(path))
 
 

@@ -92,6 +92,28 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_install(args) -> int:
+    """The folder's FlashInfer cache into every rank's file of SGLang's cache for this server."""
+    from .export.install import InstallError, blocklist_hint, install
+
+    given = args.quantization is not None
+    quant = None if (args.quantization or "").lower() == "none" else args.quantization
+    try:
+        paths = install(args.folder, model_path=args.model_path, tp=args.tp, pp=args.pp, attn_dp=args.attn_dp,
+                        ep=args.ep, dtype=args.dtype, quantization=quant, quantization_given=given,
+                        moe_runner_backend=args.moe_runner_backend, hf_config_class=args.hf_config_class,
+                        cache_dir=args.cache_dir, skip_ops=[s for s in args.skip_ops.split(",") if s])
+    except InstallError as e:
+        raise UsageError(str(e)) from None
+    print(f"installed the tactics of {args.folder} for {len(paths)} rank(s), identical files:")
+    for path in paths:
+        print(f"  {path}")
+    hint = blocklist_hint(args.folder)
+    if hint:
+        print(f"and before starting the server: {hint}")
+    return 0
+
+
 def cmd_rank_model(args) -> int:
     """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
     from . import models

@@ -60,8 +60,8 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .cli import cmd_export, cmd_record, cmd_run, cmd_worker
-    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_merge, cmd_merge_choices, cmd_publish,
-                             cmd_rank_model, cmd_shapes)
+    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_install, cmd_merge, cmd_merge_choices,
+                             cmd_publish, cmd_rank_model, cmd_shapes)
 
     ap = argparse.ArgumentParser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
     ap.add_argument("--version", action="version", version=f"autotune {_version()}")
@@ -157,6 +157,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", metavar="VERSIONS",
                    help="the serving SGLang release(s) (default: the one installed here)")
     p.set_defaults(fn=cmd_check)
+
+    p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "
+                                       "start-up (one identical file per rank)")
+    p.add_argument("folder", help="tuned folder holding flashinfer_autotune_cache.json")
+    p.add_argument("--model-path", required=True, help="the server's --model-path, exactly as given to it")
+    p.add_argument("--tp", type=int, required=True, help="the server's --tp")
+    p.add_argument("--pp", type=int, default=1, help="the server's --pp (default 1)")
+    p.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel size (default 1)")
+    p.add_argument("--ep", type=int, default=1, help="the server's MoE expert-parallel size (default 1)")
+    p.add_argument("--dtype", default="bfloat16", help="the model dtype the server resolves (default bfloat16)")
+    p.add_argument("--quantization", help="SGLang's resolved quantization ('none' for none; default: read from "
+                                          "the model folder's config.json)")
+    p.add_argument("--moe-runner-backend", help="as the server resolves it (default: the folder's server_args.yaml)")
+    p.add_argument("--hf-config-class", help="transformers' config class (default: read from the model folder)")
+    p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
+    p.add_argument("--cache-dir", help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
+    p.set_defaults(fn=cmd_install)
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")

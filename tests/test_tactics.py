@@ -133,7 +133,7 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     text = server_args.render({"device": device.to_dict(), "families": {}, "date": "today"},
                               folder / "server_args.yaml")
     assert f"FLASHINFER_TACTICS_BLOCKLIST={folder / tactic_files.BLOCKLIST_FILE}" in text
-    assert f"copy {cache} to every rank's file" in text
+    assert f"({cache}) into SGLang's cache, one identical file per rank: autotune install {folder}" in text
 
 
 def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp_path, capsys):

@@ -87,8 +87,8 @@ def render(details: dict, path: str | Path) -> str:
         lines.append(f"# tactics our check disqualified: export FLASHINFER_TACTICS_BLOCKLIST={folder / BLOCKLIST_FILE} "
                      "before the launch (SGLang's start-up tuning then never picks them)")
     if (folder / CACHE_FILE).exists():
-        lines.append(f"# winning tactics: copy {folder / CACHE_FILE} to every rank's file under $SGLANG_CACHE_DIR/"
-                     "flashinfer/autotune/<flashinfer version>/sm<XY>/<model hash>/ (rank_tp*_pp*_dp*.json)")
+        lines.append(f"# winning tactics ({folder / CACHE_FILE}) into SGLang's cache, one identical file per rank: "
+                     f"autotune install {folder} --model-path <the server's> --tp <N>")
     lines.append("")
     for name, entry in families.items():
         flag = FAMILY_FLAGS.get(name, name)
