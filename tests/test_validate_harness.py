@@ -134,7 +134,14 @@ def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
         used = rec["configs_used"][M]
         assert used["tuned"]["file_found"] and used["tuned"]["gate_up"] == CFG
         assert not used["default"]["file_found"] and used["default"]["source"] == "SGLang's default heuristic"
+        # the third side: SGLang's heuristic with no file at all (here the same config: SGLang ships none)
+        assert used["heuristic"]["source"] == "SGLang's default heuristic (no file)"
+        assert used["heuristic"]["gate_up"] == used["default"]["gate_up"]
+        assert set(rec["reference_errors"][M]) == {"heuristic", "default", "tuned"}
         assert max(rec["reference_errors"][M].values()) < 1e-5
+    assert [r["batch"] for r in rec["moe_per_batch"]] == [1, 2]
+    assert all(r[s]["n"] == 2 and r[s]["median_us"] > 0 for r in rec["moe_per_batch"]
+               for s in ("heuristic", "default", "tuned"))
     runs = rec["runs"]
     assert len(runs) == 2 * 2 * 2
     assert {(r["side"], r["x"]) for r in runs} == {(s, m) for s in ("baseline", "tuned") for m in (1, 2)}
@@ -153,6 +160,7 @@ def test_harness_report_files(harness_run):
     _, d = harness_run
     md = (d / "report.md").read_text()
     assert "harness, not a model" in md and "cpu-interpreter" in md and "](validation.json)" in md
+    assert "| batch | SGLang default (no file) µs | SGLang's folder (shipped) µs | tuned µs |" in md
     assert "## Tuning tables" in md and "](provenance.json)" in md and "| 1 | 12.00 | - | 10.00 | 1.200x | tuned |" in md
     if importlib.util.find_spec("matplotlib") is None:      # the plot is optional: the report says so
         assert "no plot: matplotlib is not installed" in md and not (d / "validation.png").exists()
@@ -173,3 +181,14 @@ def test_harness_refuses_a_folder_without_this_models_file(tmp_path, capsys):
     assert args.fn(args) == 2
     err = capsys.readouterr().err
     assert "has no config for E=8,N=32,K=64,topk=2,bf16" in err and "nothing to validate" in err
+
+
+def test_moe_table_medians_spreads_and_gains():
+    from autotune.validate.command import moe_markdown, moe_table
+
+    rows = moe_table({8: {"heuristic": [30.0, 33.0, 36.0], "default": [24.0, 20.0, 22.0], "tuned": [20.0, 21.0, 19.0]}})
+    r = rows[0]
+    assert r["heuristic"]["median_us"] == 33.0 and r["heuristic"]["spread"] == pytest.approx(6 / 33)
+    assert r["default"]["median_us"] == 22.0 and r["tuned"]["median_us"] == 20.0
+    assert r["tuned_vs_default"] == pytest.approx(0.10) and r["tuned_vs_heuristic"] == pytest.approx(0.65)
+    assert "| 8 | 33.0 (18%) | 22.0 (18%) | 20.0 (10%) | +10.0% | +65.0% |" in moe_markdown(rows)

@@ -339,15 +339,50 @@ def _validate_harness(args) -> int:
              f"SGLang's built-in configs, tuned = `{configs}`.",
              f"Timing: {desc['timing']}. Not in the step: {', '.join(desc['not_modelled'])}.",
              *[f"Note: {n}" for n in desc["notes"]]]
+    moe_rows = moe_table(res["moe_by_side"])
+    intro += ["", f"The fused MoE of one layer per batch, SGLang's call sequence as composed here (gate_up, "
+              f"activation, down; {'interpreter wall clock' if on_cpu else 'CUDA graph, L2 flushed'}), median "
+              "µs over the repeats (spread):", "", moe_markdown(moe_rows)]
     settings = {"model": desc["model"], "tp": args.tp, "dtype": args.dtype, "batch_sizes": list(batch_sizes),
                 "repeats": args.repeats or 5, "layers": desc["layers_timed"], "configs": str(configs),
                 "command": "autotune " + " ".join(sys.argv[1:])}
     return _finish(args, dict(engine="harness", device=device.to_dict(), runs=res["runs"], settings=settings,
                               extra={"harness": desc, "configs_used": _jsonable(res["configs"]),
-                                     "reference_errors": _jsonable(res["checks"])}),
+                                     "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows}),
                    comparisons, out, title=f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
                    x_label="decode batch size", intro=intro, provenance=configs / "provenance.json",
                    extra_cols={"MoE share of step (default / tuned)": share})
+
+
+MOE_SIDES = (("heuristic", "SGLang default (no file)"), ("default", "SGLang's folder (shipped)"), ("tuned", "tuned"))
+
+
+def moe_table(moe_by_side: dict) -> list[dict]:
+    """Per batch: median and spread ((max - min) / median) of each side's MoE time, and tuned's
+    speed-up over the other two (other / tuned - 1)."""
+    rows = []
+    for M, sides in sorted(moe_by_side.items()):
+        row = {"batch": M}
+        for side, _ in MOE_SIDES:
+            xs = sorted(sides.get(side) or [])
+            med = xs[len(xs) // 2] if xs else None
+            row[side] = {"median_us": med, "spread": (xs[-1] - xs[0]) / med if med else None, "n": len(xs)}
+        tuned = row["tuned"]["median_us"]
+        for side in ("default", "heuristic"):
+            other = row[side]["median_us"]
+            row[f"tuned_vs_{side}"] = other / tuned - 1 if tuned and other else None
+        rows.append(row)
+    return rows
+
+
+def moe_markdown(rows: list[dict]) -> str:
+    head = "| batch | " + " | ".join(f"{name} µs" for _, name in MOE_SIDES) + " | tuned vs shipped | tuned vs default |"
+    out = [head, "|" + "---|" * (len(MOE_SIDES) + 3)]
+    for r in rows:
+        cells = [f"{r[s]['median_us']:.1f} ({r[s]['spread']:.0%})" if r[s]["median_us"] else "-" for s, _ in MOE_SIDES]
+        gains = [f"{r[k]:+.1%}" if r[k] is not None else "-" for k in ("tuned_vs_default", "tuned_vs_heuristic")]
+        out.append(f"| {r['batch']} | " + " | ".join(cells + gains) + " |")
+    return "\n".join(out)
 
 
 def _jsonable(d: dict) -> dict:

@@ -149,6 +149,11 @@ class _Layer:
     d2: object
 
 
+# default = what SGLang loads from its own folder (its shipped file, else its heuristic), tuned =
+# the tuned folder, heuristic = SGLang's default config with no file at all (timed for the MoE only).
+SIDES = ("heuristic", "default", "tuned")
+
+
 @dataclass
 class SideConfig:
     gate_up: dict
@@ -221,14 +226,25 @@ class DecodeHarness:
 
         key = (M, side)
         if key not in self._sides:
-            cdir = str(self.tuned_dir) if side == "tuned" else None
+            cdir = {"tuned": str(self.tuned_dir), "heuristic": self._empty_dir()}.get(side)
             up, down, found = sglang_selection(self.problem, M, self.device, cdir)
             if side == "tuned":
                 source = "tuned file" if found else "NO tuned file: SGLang's default heuristic"
+            elif side == "heuristic":
+                source = "SGLang's default heuristic (no file)"
             else:
                 source = "SGLang's shipped file" if found else "SGLang's default heuristic"
             self._sides[key] = SideConfig(up, down, found, source)
         return self._sides[key]
+
+    def _empty_dir(self) -> str:
+        """A config folder SGLang lists and finds nothing in: its default heuristic config."""
+        import tempfile
+
+        if not hasattr(self, "_empty"):
+            self._empty = tempfile.mkdtemp(prefix="autotune_no_configs_")
+            os.makedirs(os.path.join(self._empty, "configs"))
+        return self._empty
 
     def require_tuned_file(self) -> None:
         if not self.side_config(1, "tuned").file_found:
@@ -318,7 +334,7 @@ class DecodeHarness:
         ref = ref_fam.reference(MoeLayerInputs(self.problem, M, [x], [ids], [w], L.w13, L.w2, L.d13, L.d2))
         tol = TOLERANCE["fp32"] if self.on_cpu else ref_fam.tol
         out = {}
-        for side in ("default", "tuned"):
+        for side in SIDES:
             ok, reason, err = check_output(self.fused_moe(L, x, ids, w, side), ref, tol)
             if not ok:
                 cfg = self.side_config(M, side)
@@ -343,10 +359,10 @@ class DecodeHarness:
         from ..kernels.triton_moe import sglang_context
 
         scale = self.shapes.num_layers / self.layers if self.shapes.num_layers else 1.0
-        runs, configs, checks = [], {}, {}
+        runs, configs, checks, moe = [], {}, {}, {}
         with rc.use_context(sglang_context()), torch.no_grad():
             for M in batch_sizes:
-                configs[M] = {s: asdict(self.side_config(M, s)) for s in ("default", "tuned")}
+                configs[M] = {s: asdict(self.side_config(M, s)) for s in SIDES}
                 checks[M] = self.check(M)
                 g = torch.Generator(device=self.dev).manual_seed(seed + M)
                 x = torch.randn((M, self.problem.K), generator=g, device=self.dev).to(self.dtype)
@@ -355,10 +371,15 @@ class DecodeHarness:
                     self._record = []
                     self.step(x, side)
                     recorded[side], self._record = self._record, None
+                moe[M] = {s: [] for s in SIDES}
                 for r in range(repeats):
+                    # SGLang's default heuristic: the MoE alone, on the default side's inputs
+                    t_heur = self._timer(lambda: self.moe_only(recorded["default"], "heuristic"))
+                    moe[M]["heuristic"].append(t_heur.median_us)
                     for side in (("default", "tuned") if r % 2 == 0 else ("tuned", "default")):
                         t_step = self._timer(lambda: self.step(x, side))
                         t_moe = self._timer(lambda: self.moe_only(recorded[side], side))
+                        moe[M][side].append(t_moe.median_us)
                         step_full_us = t_step.median_us * scale
                         runs.append({"side": "baseline" if side == "default" else "tuned", "repeat": r,
                                      "kind": "batch", "x": M,
@@ -371,7 +392,7 @@ class DecodeHarness:
                 log(f"  batch {M}: default {sorted(b)[len(b) // 2]:.1f} tok/s, tuned {sorted(t)[len(t) // 2]:.1f} tok/s "
                     f"(step of {self.layers} layers scaled x{scale:.2f}; rel. error vs float32 "
                     f"{checks[M]['default']:.1e} / {checks[M]['tuned']:.1e})")
-        return {"runs": runs, "configs": configs, "checks": checks}
+        return {"runs": runs, "configs": configs, "checks": checks, "moe_by_side": moe}
 
     def describe(self) -> dict:
         s = self.shapes
@@ -396,6 +417,8 @@ def header(h: DecodeHarness) -> str:
              f"tokens/s scaled from {h.layers} to {s.num_layers} layers",
              f"  fused MoE {h.problem.key} through SGLang's invoke_fused_moe_kernel; default = SGLang's built-in "
              f"configs, tuned = {h.tuned_dir} ({h.file_name})",
+             "  the MoE alone is also timed with SGLang's default heuristic (no file): default, shipped and "
+             "tuned per batch",
              "  not in the step: attention cores, norms, embedding/lm_head/sampling, all-reduce"]
     if h.on_cpu:
         lines.append("  " + INTERPRETER_NOTE)
