@@ -1,6 +1,8 @@
 """Tables for people: per problem, M | default | shipped | tuned | speedup | trials | failed."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from .select import Choice
@@ -34,12 +36,18 @@ def backend_table(tuner, choices: dict) -> pd.DataFrame:
     for M in tuner.Ms:
         c = choices.get(M)
         row = {"M": M, "auto": auto or "-", "auto µs": c.auto_us if c else None,
-               "best": c.config["backend"] if c else "none", "best µs": c.time_us if c else None,
+               "best": backend_label(c.config) if c else "none", "best µs": c.time_us if c else None,
                "speedup": (c.auto_us / c.time_us) if c and c.auto_us else None}
         for b in tuner.names:
             row[f"{b} µs"] = tuner.time_of(b, M)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def backend_label(config: dict) -> str:
+    """A backend, with its tactic where it is not the default: `flashinfer_cudnn tactic [3, []]`."""
+    tactic = config.get("tactic", -1)
+    return config["backend"] if tactic == -1 else f"{config['backend']} tactic {json.dumps(tactic)}"
 
 
 def table_records(df: pd.DataFrame) -> list[dict]:

@@ -146,3 +146,11 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
     assert not (folder / tactic_files.CACHE_FILE).exists()
     assert "3 winning tactics not written" in capsys.readouterr().out
     assert (folder / tactic_files.BLOCKLIST_FILE).exists()      # the blocklist needs only the GPU's name
+
+
+def test_the_table_names_the_winning_tactic(tuned):
+    from autotune.report import backend_table
+
+    _, tuner, choices, _ = tuned
+    table = backend_table(tuner, choices)
+    assert list(table["best"]) == ["tunable tactic 0"] * 3
