@@ -131,6 +131,9 @@ class BackendTuner:
             Ms = [M for M in offered if key not in self.measured[M]]
             if Ms:
                 tasks.append(self._task(cfg, Ms))
+        if tasks and self.progress is not None:    # the bar counted backends; now their tactics too
+            self.progress.total = (self.progress.total or 0) + len(tasks)
+            self.progress.refresh()
         self._run(tasks)
 
     def _run(self, tasks: list) -> None:
