@@ -232,7 +232,8 @@ def cmd_run(args) -> int:
                 _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
         backend_plans = [fp for fp in plans if fp.name != "triton_moe" and fp.problems]
         if backend_plans:
-            _run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
+            from .cli_backends import run_backend_choice
+            run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
     _write_summary(args, device)
     return 0
 
@@ -359,103 +360,6 @@ def _overlay(args, device, family) -> None:
     rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
     print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
-
-
-def _run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
-    """Every available backend of each family at every M of each problem; per-M winners; the one
-    backend per server for the decode and prefill mixes; server_args.yaml."""
-    from tqdm import tqdm
-
-    from .choice import BackendTuner, server_choice
-    from .export import server_args
-    from .report import backend_table, format_table, table_records
-
-    try:       # a folder whose choices cannot be merged is refused before anything is measured
-        server_args.check_folder(args.out, device)
-    except server_args.ChoicesError as e:
-        raise UsageError(str(e)) from None
-    results, details = [], {}
-    for fp in plans:
-        tuners, per_problem = [], []
-        for p in fp.problems:
-            with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
-                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
-                t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
-                t.measure()
-            choices = t.select()
-            tuners.append(t)
-            per_problem.append((p, choices))
-            print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
-            table = backend_table(t, choices)
-            print(format_table(table))
-            _summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
-                                                           "disqualified": sorted(t.disqualified())})
-            for b, m in sorted(t.disqualified().items()):
-                print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
-            for m in t.disqualified_tactics().values():
-                print(f"  disqualified {m.config['backend']} tactic {m.config['tactic']}: {m.status} at M={m.M}: "
-                      f"{m.reason}")
-            for b, m in sorted(t.unavailable_backends().items()):
-                print(f"  unavailable {b} (skipped, not stored: a re-run retries it): {m.reason}")
-            details.setdefault(fp.name, {})[p.key] = {
-                "per_M": {M: c.to_dict() for M, c in choices.items()},
-                "disqualified": {b: m.to_dict() for b, m in t.disqualified().items()}}
-            if args.record:
-                _record(args.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
-                                                 *t.unavailable.values()], careful=t.careful.values())
-        chosen = server_choice(fp.family, device, tuners, args.mix)
-        other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
-        print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.backend or 'none eligible'}"
-              + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
-              + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
-              + f"; {other.mix} mix: {other.backend or 'none eligible'}")
-        results.append(([chosen, other], fp.family))
-        _write_tactic_files(args, device, fp.family, tuners, per_problem)
-        _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
-    try:
-        path = server_args.write(args.out, device, results, args.checkpoint, details)
-    except server_args.ChoicesError as e:
-        raise UsageError(f"server_args.yaml not written: {e}") from None
-    print(f"\nwrote {path}")
-    _summary(args)["server_args"] = str(path)
-
-
-def _write_tactic_files(args, device, family, tuners, per_problem) -> None:
-    """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
-    beside the tuned configs (autotune.export.tactics)."""
-    from .export import flashinfer as fi_cache
-    from .export import tactics as files
-
-    if getattr(family, "runner", None) is None:
-        return
-    folder = Path(args.out) / device.file_name
-    invalid = files.blocklist_of(family, tuners)
-    if invalid:
-        path = folder / files.BLOCKLIST_FILE
-        try:
-            files.write_blocklist(path, invalid, files.blocklist_metadata(device.name))
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
-              f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
-        _summary(args).setdefault("flashinfer_blocklist", str(path))
-    entries = files.cache_entries_of(family, per_problem)
-    if not entries:
-        return
-    path = folder / files.CACHE_FILE
-    try:
-        # What FlashInfer recorded of this machine; a field it could not read ("unknown", e.g. the
-        # CuTe-DSL version where that package is absent) would make every normal install ignore
-        # the file, so it becomes the wildcard.
-        seen = device.versions.get("flashinfer_metadata") or device.versions
-        unknown = [k for k, v in seen.items() if v in (None, "unknown")]
-        fi_cache.write_cache(path, entries, fi_cache.metadata_for(seen, wildcard=unknown))
-    except ValueError as e:
-        print(f"  {len(entries)} winning tactics not written to {path.name}: {e}")
-        return
-    print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
-          "puts it where SGLang reads it, one identical file per rank)")
-    _summary(args).setdefault("flashinfer_cache", str(path))
 
 
 def _summary(args) -> dict:

@@ -115,14 +115,14 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     from flashinfer.autotuner import AutoTuner
     from flashinfer.autotuner.autotuner import _collect_metadata
 
-    from autotune import cli
+    from autotune import cli_backends
     from autotune.export import server_args
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
     args = SimpleNamespace(out=str(tmp_path))
-    cli._write_tactic_files(args, device, fam, [tuner], [(PROBLEM, choices)])
+    cli_backends.write_tactic_files(args, device, fam, [tuner], [(PROBLEM, choices)])
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
     assert AutoTuner().load_configs(str(cache))
@@ -137,11 +137,11 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
 
 
 def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp_path, capsys):
-    from autotune import cli
+    from autotune import cli_backends
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
-    cli._write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner], [(PROBLEM, choices)])
+    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner], [(PROBLEM, choices)])
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
     assert "3 winning tactics not written" in capsys.readouterr().out
