@@ -131,10 +131,43 @@ class BackendTuner:
             Ms = [M for M in offered if key not in self.measured[M]]
             if Ms:
                 tasks.append(self._task(cfg, Ms))
+        self._run_more(tasks)
+        # tactics of independent parts (cutlass_fused_moe's [gemm1, gemm2]): each part's best, together
+        self._run_more([self._task(cfg, [M for M in Ms if key not in self.measured[M]])
+                        for key, (cfg, Ms) in self.combined_tactics().items()
+                        if any(key not in self.measured[M] for M in Ms)])
+
+    def _run_more(self, tasks: list) -> None:
         if tasks and self.progress is not None:    # the bar counted backends; now their tactics too
             self.progress.total = (self.progress.total or 0) + len(tasks)
             self.progress.refresh()
         self._run(tasks)
+
+    def _axes(self, backend: str) -> int:
+        runner = getattr(self.family, "runner", None)
+        return int(getattr(runner(backend), "tactic_axes", 0) or 0) if runner is not None else 0
+
+    def combined_tactics(self) -> dict[str, tuple[dict, list[int]]]:
+        """config key -> (config, Ms): for a backend whose tactics have independent parts, per M the
+        fastest correct one-part tactic of each part, together (a part with none stays -1)."""
+        bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
+        out: dict = {}
+        for M in self.Ms:
+            best: dict = {}       # (backend, part) -> (time, value)
+            for m in self.measured[M].values():
+                b, t = m.config["backend"], m.config.get("tactic", -1)
+                if (not m.ok or b in bad or config_key(m.config) in bad_tactics or not isinstance(t, list)
+                        or len(t) != self._axes(b)):
+                    continue
+                varied = [i for i, v in enumerate(t) if v != -1]
+                if len(varied) == 1 and ((b, varied[0]) not in best or m.time_us < best[b, varied[0]][0]):
+                    best[b, varied[0]] = (m.time_us, t[varied[0]])
+            for b in sorted({b for b, _ in best}):
+                parts = [best[b, i][1] if (b, i) in best else -1 for i in range(self._axes(b))]
+                if sum(v != -1 for v in parts) >= 2:          # one part alone was measured already
+                    cfg = {"backend": b, "tactic": parts}
+                    out.setdefault(config_key(cfg), (cfg, []))[1].append(M)
+        return out
 
     def _run(self, tasks: list) -> None:
         def done(task, ms):

@@ -9,12 +9,16 @@ Backends: `tunable` (FlashInfer-style runner "FakeFp8GemmRunner" of op "fp8_gemm
    2  "falls back": FlashInfer's cuDNN runners warn and run -1 in its place
    3  correct, slower than 0
    4  offered at M=64 only (a tactic valid at one bucket), correct
+`pair` is autotune's own cutlass_fused_moe runner class with a fixed tactic list: [gemm1, gemm2]
+profiles, listed one part at a time. gemm1 profile 0 saves 1 ms, 1 saves 0.5 ms; gemm2 profile 1
+saves 1 ms, profile 0 saves 0.5 ms but is wrong at M=64. Slower than `tunable` everywhere.
 """
 import time
 import warnings
 from dataclasses import dataclass
 
 from autotune.backends import Availability
+from autotune.kernels.moe_backends.flashinfer_cutlass import CutlassMoe
 from autotune.kernels.runner import FELL_BACK, Runner, exact_tactic
 from autotune.spaces import Space
 from tests.faulty_backends import FaultyBackends
@@ -32,9 +36,22 @@ class FakeRunner(Runner):
         return CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)
 
 
+@dataclass(frozen=True)
+class FakePairRunner(CutlassMoe):
+    def tactics(self, inputs):
+        return [-1, [0, -1], [1, -1], [-1, 0], [-1, 1]]
+
+
+def pair_sleep(tactic) -> float:
+    if tactic == -1:
+        return 0.006
+    return 0.006 - {0: 0.001, 1: 0.0005}.get(tactic[0], 0) - {1: 0.001, 0: 0.0005}.get(tactic[1], 0)
+
+
 RUNNERS = {"tunable": FakeRunner("moe_bf16", "tunable", "flashinfer_cutlass", "test", tunable=True,
                                  flashinfer_op="fp8_gemm", flashinfer_runner="FakeFp8GemmRunner"),
-           "plain": Runner("moe_bf16", "plain", "triton", "test")}
+           "plain": Runner("moe_bf16", "plain", "triton", "test"),
+           "pair": FakePairRunner("moe_bf16", "pair", None, "test", tunable=True, tactic_axes=2)}
 
 
 class TacticBackends(FaultyBackends):
@@ -65,6 +82,12 @@ class TacticBackends(FaultyBackends):
         if config["backend"] == "plain":
             time.sleep(0.01)
             return inputs.C.copy_(inputs.x)
+        if config["backend"] == "pair":
+            time.sleep(pair_sleep(tactic))
+            inputs.C.copy_(inputs.x)
+            if tactic != -1 and tactic[1] == 0 and inputs.M == 64:
+                inputs.C[5] -= 2.0
+            return inputs.C
         with exact_tactic(tactic):
             if tactic == 2:       # as FlashInfer's cuDNN runner does with a plan that fails
                 warnings.warn(f"cuDNN fp8 GEMM tactic failed; {FELL_BACK}. (plan 2 not supported)")

@@ -50,7 +50,7 @@ def test_a_bad_tactic_is_disqualified_alone_with_its_evidence(tuned):
     _, tuner, _, _ = tuned
     assert tuner.disqualified() == {}                  # the backend itself is fine
     bad = tuner.disqualified_tactics()
-    assert set(bad) == {config_key(cfg(1)), config_key(cfg(2))}
+    assert set(bad) == {config_key(cfg(1)), config_key(cfg(2)), config_key({"backend": "pair", "tactic": [-1, 0]})}
     wrong = bad[config_key(cfg(1))]
     assert wrong.M == 2 and wrong.status == "wrong_result"          # right at M=1 and 64, wrong at 2
     assert tuner.measured[1][config_key(cfg(1))].ok
@@ -82,7 +82,8 @@ def test_blocklist_is_applied_by_flashinfers_own_loader(tuned, tmp_path):
 
     fam, tuner, _, _ = tuned
     invalid = tactic_files.blocklist_of(fam, [tuner])
-    assert invalid == {"fp8_gemm::FakeFp8GemmRunner": [1, 2]}
+    # the pair tactic [-1, 0] names gemm2's profile 0 under FlashInfer's gemm2 op of the MoE runner
+    assert invalid == {"fp8_gemm::FakeFp8GemmRunner": [1, 2], "trtllm::fused_moe::gemm2::MoERunner": [0]}
     path = tmp_path / tactic_files.BLOCKLIST_FILE
     tactic_files.write_blocklist(path, invalid, tactic_files.blocklist_metadata("*"))
     bl = TacticsBlocklist()
@@ -93,7 +94,7 @@ def test_blocklist_is_applied_by_flashinfers_own_loader(tuned, tmp_path):
     assert bl.filter("fp8_gemm", FakeFp8GemmRunner(), [-1, 0, 1, 2, 3, 4]) == [-1, 0, 3, 4]
     # a later run adds what it found and keeps what the earlier one found
     tactic_files.write_blocklist(path, {"fp8_gemm::FakeFp8GemmRunner": [3]}, tactic_files.blocklist_metadata("*"))
-    assert json.loads(path.read_text())["invalid_tactics"] == {"fp8_gemm::FakeFp8GemmRunner": [1, 2, 3]}
+    assert json.loads(path.read_text())["invalid_tactics"]["fp8_gemm::FakeFp8GemmRunner"] == [1, 2, 3]
 
 
 def test_a_file_that_is_not_a_blocklist_is_left_alone(tmp_path):
@@ -129,7 +130,7 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     loaded = json.loads(cache.read_text())
     assert sorted(v[1] for k, v in loaded.items() if not k.startswith("_")) == [0, 0, 0]
     assert json.loads((folder / tactic_files.BLOCKLIST_FILE).read_text())["invalid_tactics"] == {
-        "fp8_gemm::FakeFp8GemmRunner": [1, 2]}
+        "fp8_gemm::FakeFp8GemmRunner": [1, 2], "trtllm::fused_moe::gemm2::MoERunner": [0]}
     text = server_args.render({"device": device.to_dict(), "families": {}, "date": "today"},
                               folder / "server_args.yaml")
     assert f"FLASHINFER_TACTICS_BLOCKLIST={folder / tactic_files.BLOCKLIST_FILE}" in text
@@ -154,3 +155,19 @@ def test_the_table_names_the_winning_tactic(tuned):
     _, tuner, choices, _ = tuned
     table = backend_table(tuner, choices)
     assert list(table["best"]) == ["tunable tactic 0"] * 3
+
+
+def test_tactics_of_two_parts_are_searched_part_by_part_then_together(tuned):
+    """cutlass_fused_moe's [gemm1, gemm2]: each part's profiles with the other at its default, then
+    per M the best of each part together; a part's profile wrong at one M is out at every M and is
+    never combined."""
+    _, tuner, _, _ = tuned
+    bad = tuner.disqualified_tactics()
+    assert config_key({"backend": "pair", "tactic": [-1, 0]}) in bad
+    assert bad[config_key({"backend": "pair", "tactic": [-1, 0]})].M == 64
+    for M in PROBLEM.batch_sizes:
+        have = {json.dumps(m.config["tactic"]) for m in tuner.measured[M].values() if m.config["backend"] == "pair"}
+        assert have == {"-1", "[0, -1]", "[1, -1]", "[-1, 0]", "[-1, 1]", "[0, 1]"}   # [0, 1]: the two bests
+        both = tuner.measured[M][config_key({"backend": "pair", "tactic": [0, 1]})]
+        assert both.ok and both.time_us < tuner.measured[M][config_key({"backend": "pair", "tactic": -1})].time_us
+    assert not any(m.config.get("tactic") == [0, 0] for d in tuner.measured.values() for m in d.values())

@@ -28,10 +28,11 @@ def blocklist_of(family, tuners: Iterable) -> dict[str, list]:
     for t in tuners:
         for m in t.disqualified_tactics().values():
             r = family.runner(m.config["backend"])
-            if getattr(r, "flashinfer_op", None):   # a blocklist key is FlashInfer's op and runner class
-                tactics = out.setdefault(f"{r.flashinfer_op}::{r.flashinfer_runner}", [])
-                if m.config["tactic"] not in tactics:
-                    tactics.append(m.config["tactic"])
+            keys = r.blocklist_keys(m.config["tactic"]) if hasattr(r, "blocklist_keys") else []
+            for key, tactic in keys:          # FlashInfer's op and runner class, and its tactic value
+                tactics = out.setdefault(key, [])
+                if tactic not in tactics:
+                    tactics.append(tactic)
     return {k: sorted(v, key=json.dumps) for k, v in sorted(out.items())}
 
 

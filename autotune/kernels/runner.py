@@ -45,11 +45,18 @@ class Runner:
     # and of its tactics blocklist ("op::RunnerClass")
     flashinfer_op: str | None = None
     flashinfer_runner: str | None = None
+    # > 0: a tactic is a list of this many independent parts (cutlass_fused_moe: [gemm1, gemm2]); the
+    # runner lists them one part at a time (the others -1) and the core also measures the best parts together
+    tactic_axes: int = 0
 
     def tactics(self, inputs) -> list[int]:
         """The tactics to try for these inputs. -1 is the backend as SGLang runs it (its own
         default or FlashInfer's autotuned choice)."""
         return [-1]
+
+    def blocklist_keys(self, tactic) -> list:
+        """("op::RunnerClass", tactic) pairs under which FlashInfer's blocklist names this tactic."""
+        return [(f"{self.flashinfer_op}::{self.flashinfer_runner}", tactic)] if self.flashinfer_op else []
 
     def cache_entry(self, problem, M: int, tactic):
         """FlashInfer's autotune cache entry pinning `tactic` for this problem at M (an
