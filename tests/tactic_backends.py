@@ -10,8 +10,11 @@ Backends: `tunable` (FlashInfer-style runner "FakeFp8GemmRunner" of op "fp8_gemm
    3  correct, slower than 0
    4  offered at M=64 only (a tactic valid at one bucket), correct
 `pair` is autotune's own cutlass_fused_moe runner class with a fixed tactic list: [gemm1, gemm2]
-profiles, listed one part at a time. gemm1 profile 0 saves 1 ms, 1 saves 0.5 ms; gemm2 profile 1
-saves 1 ms, profile 0 saves 0.5 ms but is wrong at M=64. Slower than `tunable` everywhere.
+profiles, listed one part at a time. gemm1 profile 0 saves 10 ms, 1 saves 5 ms; gemm2 profile 1
+saves 10 ms, profile 0 saves 5 ms but is wrong at M=64. Slower than `tunable` everywhere.
+
+The workers time wall clock on the CPU, so a tactic's "kernel time" is a sleep; the times that
+decide a test differ by 2x or more (milliseconds apart), beyond what a loaded 2-core machine jitters.
 """
 import time
 import warnings
@@ -23,7 +26,7 @@ from autotune.kernels.runner import FELL_BACK, Runner, exact_tactic
 from autotune.spaces import Space
 from tests.faulty_backends import FaultyBackends
 
-SLEEP = {-1: 0.004, 0: 0.0005, 1: 0.0002, 2: 0.0001, 3: 0.002, 4: 0.003}
+SLEEP = {-1: 0.020, 0: 0.001, 1: 0.0005, 2: 0.0002, 3: 0.008, 4: 0.012}
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class FakePairRunner(CutlassMoe):
 
 def pair_sleep(tactic) -> float:
     if tactic == -1:
-        return 0.006
-    return 0.006 - {0: 0.001, 1: 0.0005}.get(tactic[0], 0) - {1: 0.001, 0: 0.0005}.get(tactic[1], 0)
+        return 0.030
+    return 0.030 - {0: 0.010, 1: 0.005}.get(tactic[0], 0) - {1: 0.010, 0: 0.005}.get(tactic[1], 0)
 
 
 RUNNERS = {"tunable": FakeRunner("moe_bf16", "tunable", "flashinfer_cutlass", "test", tunable=True,
@@ -80,7 +83,7 @@ class TacticBackends(FaultyBackends):
     def run(self, config, inputs, routing):
         tactic = config.get("tactic", -1)
         if config["backend"] == "plain":
-            time.sleep(0.01)
+            time.sleep(0.04)
             return inputs.C.copy_(inputs.x)
         if config["backend"] == "pair":
             time.sleep(pair_sleep(tactic))

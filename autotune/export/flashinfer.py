@@ -193,38 +193,55 @@ def metadata_for(device_versions: Mapping[str, Any], *, wildcard: Iterable[str] 
     return meta
 
 
+class ForeignCache(ValueError):
+    """An existing cache file of another FlashInfer/CUDA environment: never overwritten."""
+
+    def __init__(self, path, details: str):
+        super().__init__(f"{path} belongs to a different environment ({details}); not overwritten")
+        self.path, self.details = path, details
+
+
+def read_cache(path: str | Path) -> tuple[dict | None, dict, dict] | None:
+    """(metadata, records, entries) of a FlashInfer cache file, None where there is none; ValueError
+    where the file is not one."""
+    try:
+        disk = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); not overwritten") from None
+    if not isinstance(disk, dict):
+        raise ValueError(f"{path} is not a FlashInfer cache (not a JSON object); not overwritten")
+    meta = disk.pop(_METADATA_KEY, None)
+    disk.pop(_CACHE_GENERATION_KEY, None)
+    records = disk.pop(_NAMESPACED_RECORDS_KEY, {})
+    return meta, (records if isinstance(records, dict) else {}), disk
+
+
+def kept_entries(path: str | Path, metadata: Mapping[str, Any]) -> tuple[dict, dict, dict | None]:
+    """(entries, records, metadata) of an existing file that a write for `metadata` keeps: nothing
+    where there is no file or its metadata is indeterminate ("unknown" or missing fields: FlashInfer
+    heals such a file by replacing it); ForeignCache where it belongs to another environment."""
+    got = read_cache(path)
+    if got is None:
+        return {}, {}, None
+    disk_meta, records, entries = got
+    hard, soft = _classify_metadata_mismatches(disk_meta, dict(metadata)) if disk_meta is not None else ({}, {})
+    if hard:
+        raise ForeignCache(path, _format_meta_mismatches(hard))
+    return ({}, {}, None) if soft else (entries, records, disk_meta)
+
+
 def write_cache(path: str | Path, entries: Iterable[CacheEntry], metadata: Mapping[str, Any]) -> None:
     """Write `entries` to FlashInfer cache file `path`, atomically, as save_configs would.
 
     An existing file of the same environment is merged (its other entries and records are kept,
-    ours win on equal keys, its metadata stays). One whose metadata is indeterminate ("unknown"
-    or missing fields) is replaced, as FlashInfer heals it. One of a different environment, or one
-    that is not a JSON object, raises ValueError and is left as it is."""
-    path = Path(path)
-    new = {e.file_key: e.value for e in entries}
-    meta: dict = dict(metadata)
-    configs, records = new, {}
-    try:
-        disk = json.loads(path.read_text())
-    except FileNotFoundError:
-        disk = None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); not overwritten") from None
-    if disk is not None:
-        if not isinstance(disk, dict):
-            raise ValueError(f"{path} is not a FlashInfer cache (not a JSON object); not overwritten")
-        disk_meta = disk.pop(_METADATA_KEY, None)
-        disk.pop(_CACHE_GENERATION_KEY, None)
-        disk_records = disk.pop(_NAMESPACED_RECORDS_KEY, {})
-        hard, soft = (_classify_metadata_mismatches(disk_meta, meta) if disk_meta is not None else ({}, {}))
-        if hard:
-            raise ValueError(f"{path} belongs to a different environment ({_format_meta_mismatches(hard)}); "
-                             "not overwritten")
-        if not soft:
-            configs = {**disk, **new}
-            meta = disk_meta or meta
-            records = disk_records if isinstance(disk_records, dict) else {}
-    write_atomic(path, _render(meta, records, configs))
+    ours win on equal keys, its metadata stays). One whose metadata is indeterminate is replaced,
+    as FlashInfer heals it. One of a different environment, or one that is not a JSON object,
+    raises ValueError and is left as it is."""
+    kept, records, disk_meta = kept_entries(path, metadata)
+    configs = {**kept, **{e.file_key: e.value for e in entries}}
+    write_atomic(Path(path), _render(disk_meta or dict(metadata), records, configs))
 
 
 def _render(meta: Mapping, records: Mapping, configs: Mapping) -> str:

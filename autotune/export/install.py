@@ -78,12 +78,12 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
         moe_runner_backend = _from_server_args(folder)
     sm = _sm(folder)
     try:
-        ours = json.loads(src.read_text())
-        meta = ours.pop(fi._METADATA_KEY)
-    except (ValueError, KeyError):
-        raise InstallError(f"{src} is not a FlashInfer cache file") from None
-    ours.pop(fi._CACHE_GENERATION_KEY, None)
-    records = ours.pop(fi._NAMESPACED_RECORDS_KEY, {})
+        got = fi.read_cache(src)
+    except ValueError:
+        got = None
+    if got is None or got[0] is None:
+        raise InstallError(f"{src} is not a FlashInfer cache file")
+    meta, records, ours = got
     paths = [fi.sglang_cache_path(cache_dir, model_path=model_path, dtype=dtype, quantization=quantization,
                                   moe_runner_backend=moe_runner_backend, tp_size=tp, pp_size=pp,
                                   attn_dp_size=attn_dp, moe_ep_size=ep, hf_config_class=hf_config_class, sm=sm,
@@ -91,20 +91,12 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
              for p in range(pp) for r in range(tp)]
     configs: dict = {}
     for path in paths:            # what SGLang already tuned there stays, the same in every rank's file
-        if not path.exists():
-            continue
         try:
-            disk = json.loads(path.read_text())
-            disk_meta = disk.pop(fi._METADATA_KEY)
-        except (ValueError, KeyError, AttributeError):
+            configs.update(fi.kept_entries(path, meta)[0])
+        except fi.ForeignCache as e:
+            raise InstallError(f"{path} belongs to another environment ({e.details}); nothing installed") from None
+        except ValueError:
             raise InstallError(f"{path} is not a FlashInfer cache file; nothing installed") from None
-        hard, _ = fi._classify_metadata_mismatches(disk_meta, meta)
-        if hard:
-            raise InstallError(f"{path} belongs to another environment ({fi._format_meta_mismatches(hard)}); "
-                               "nothing installed")
-        disk.pop(fi._CACHE_GENERATION_KEY, None)
-        disk.pop(fi._NAMESPACED_RECORDS_KEY, None)
-        configs.update(disk)
     configs.update(ours)
     text = fi._render(meta, records, configs)
     for path in paths:

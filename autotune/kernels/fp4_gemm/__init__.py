@@ -127,15 +127,13 @@ class MmFp4(Runner):
         import torch
         from flashinfer import mm_fp4
 
-        if tactic == -1:
-            (aq, asf, ags), (bq, bsf, bgs) = inputs.a[routing], inputs.b[routing]
-            alpha = (1.0 / (ags * bgs)).reshape(()).float()
-            inputs.C = mm_fp4(aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, backend=self.backend)
-            return inputs.C
         from flashinfer.autotuner import _json_to_tactic
 
         ops = self._operands(inputs, routing)
-        with exact_tactic(tactic):
-            self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
+        if tactic == -1:              # the public call, as SGLang makes it
+            mm_fp4(*ops[:5], torch.bfloat16, out=ops[6], backend=self.backend)
+        else:
+            with exact_tactic(tactic):
+                self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
         inputs.C = ops[6]
         return inputs.C
