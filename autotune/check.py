@@ -8,6 +8,9 @@ Reads the folder's provenance.json (written by export) and compares it with this
 - Triton: SGLang loads a file from another Triton folder with only a warning, and a Triton
   upgrade can move the best config (vLLM issue 32806): drift, re-tune;
 - torch, CUDA, driver, FlashInfer: listed when they differ (they move timings less directly).
+On a GPU that matches, a sample of each Triton MoE file's batch sizes is re-timed as SGLang runs
+the layer (autotune.validate.moe_sides): the folder's config against SGLang's shipped file and its
+default heuristic, in turns; tuned slower than either beyond the measured spread is drift.
 Without a GPU only the SGLang check runs, and the output says so. Exit 0: fresh; 1: drifted
 (each file or fact listed with why and what to do); 2: bad input (no folder, no provenance, a
 provenance without version records, an unsupported release).
@@ -85,7 +88,54 @@ def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[s
     return out
 
 
-def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> tuple[int, list[str]]:
+# Batch sizes re-timed per file (those the file holds): decode, mid and prefill.
+RETIME_MS = (1, 32, 256, 4096)
+MIN_EFFECT = 0.01
+
+
+def retime_sample(batch_sizes) -> list[int]:
+    have = [int(M) for M in batch_sizes]
+    return [M for M in RETIME_MS if M in have] or sorted(have)[:: max(1, len(have) // 3)]
+
+
+def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=None,
+           batch_sizes=None) -> tuple[int, list[str]]:
+    """(files slower than shipped or default, report lines) after re-timing each Triton MoE file
+    of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_sides.time_sides)."""
+    from .models import Problem, problem_from_dict
+    from .validate import HarnessError
+    from .validate.moe_sides import MoeSides, time_sides
+
+    timer = timer or time_sides
+    slow, lines = 0, []
+    for name, entry in sorted(prov["files"].items()):
+        problem = problem_from_dict(entry["problem"]) if isinstance(entry.get("problem"), dict) else None
+        if not isinstance(problem, Problem):
+            continue
+        try:
+            sides = MoeSides(problem, machine, folder)
+        except HarnessError as e:
+            lines.append(f"{name}: not re-timed: {e}")
+            continue
+        Ms = [M for M in batch_sizes if M in problem.batch_sizes] if batch_sizes else retime_sample(problem.batch_sizes)
+        for row in timer(sides, Ms, repeats):
+            t, M = row["tuned µs"], row["M"]
+            others = {"shipped": row["default µs"], "default": row["heuristic µs"]}
+            best = min(others, key=others.get)
+            noise = max(MIN_EFFECT, row["tuned spread"], row[f"{'default' if best == 'shipped' else 'heuristic'} spread"])
+            said = (f"{name} M={M}: tuned {t:.1f} µs, shipped {others['shipped']:.1f} µs "
+                    f"({row['default source']}), default {others['default']:.1f} µs")
+            if t > others[best] * (1 + noise):
+                slow += 1
+                lines.append(f"drift: {said}: slower than {best} by {t / others[best] - 1:.1%} (spread {noise:.1%}): "
+                             "re-tune this file")
+            else:
+                lines.append(f"re-timed {said}: no slower than either (spread {noise:.1%})")
+    return slow, lines
+
+
+def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime_gpu: bool = False,
+                 timer=None, batch_sizes=None) -> tuple[int, list[str]]:
     prov = read_provenance(folder)
     targets = _targets(version_spec)
     lines, bad = [], 0
@@ -104,4 +154,8 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None) -> 
         lines += [f"drift: {d}" for d in drift] + [f"note: {n}" for n in notes]
         if not drift:
             lines.append(f"GPU {machine.name} and Triton {machine.versions.get('triton')} as measured")
+            if retime_gpu:
+                slow, timed = retime(folder, prov, machine, timer=timer, batch_sizes=batch_sizes)
+                bad += slow
+                lines += timed
     return (DRIFTED if bad else FRESH), lines

@@ -224,6 +224,35 @@ class BackendTuner:
                 cands.append(Finalist("auto", {LAYER: auto_cfg}))
             plan[M] = cands
 
+        self._remeasure(plan)
+        return self._choose(plan, auto_cfg)
+
+    def tactic_choices(self) -> dict[str, dict[int, Choice]]:
+        """backend -> M -> its best correct tactic, re-measured beside its own default (-1) as
+        `select` re-measures: what FlashInfer's cache pins for that backend wherever SGLang runs it,
+        whichever backend wins the M overall. A tactic wins only by beating -1 (ties keep -1)."""
+        bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
+        plans: dict = {}
+        for b in self.names:
+            if b in bad or not self._tunable(b):
+                continue
+            default = {"backend": b, "tactic": -1}
+            for M in self.Ms:
+                d = self.measured[M].get(config_key(default))
+                tactics = sorted((m for m in self.measured[M].values()
+                                  if m.ok and m.config["backend"] == b and m.config.get("tactic", -1) != -1
+                                  and config_key(m.config) not in bad_tactics), key=lambda m: m.time_us)
+                if d is not None and d.ok and tactics:
+                    plans.setdefault(b, {})[M] = [Finalist("default", {LAYER: default})] + [
+                        Finalist(TUNED, {LAYER: m.config}) for m in tactics[: self.top]]
+        together: dict = {}
+        for plan in plans.values():
+            for M, cands in plan.items():
+                together.setdefault(M, []).extend(cands)
+        self._remeasure(together)
+        return {b: self._choose(plan, {"backend": b, "tactic": -1}) for b, plan in plans.items()}
+
+    def _remeasure(self, plan: dict) -> None:
         def store(gemm, m):
             self.measured_now += 1
             if self._set_aside(m):
@@ -233,15 +262,17 @@ class BackendTuner:
         remeasure(plan, self.careful, lambda gemm, cfg, Ms: self._task(cfg, Ms, repeats=self.careful_repeats),
                   lambda tasks, done: run_tasks(self.pool, tasks, done), store)
 
+    def _choose(self, plan: dict, baseline_cfg: dict) -> dict[int, Choice]:
+        """Per M the fastest re-measured finalist, with the baseline's (auto's, or -1's) time beside it."""
         choices = {}
         for M, cands in plan.items():
             scored = [s for s in score(cands, M, self.careful) if s.total_us is not None]
             win = winner(scored)
             if win is None:
                 continue
-            auto_m = self.careful.get((LAYER, M, config_key(auto_cfg)))
+            base = self.careful.get((LAYER, M, config_key(baseline_cfg)))
             choices[M] = Choice(M, win.finalist.configs[LAYER], win.total_us,
-                                auto_m.time_us if auto_m and auto_m.ok else None,
+                                base.time_us if base and base.ok else None,
                                 [{"config": s.finalist.configs[LAYER], "time_us": s.total_us} for s in scored])
         return choices
 

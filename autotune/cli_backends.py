@@ -17,7 +17,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
 
     from .choice import BackendTuner, server_choice
     from .export import server_args
-    from .report import backend_table, format_table, table_records
+    from .report import backend_table, format_table, table_records, tactic_table
 
     try:       # a folder whose choices cannot be merged is refused before anything is measured
         server_args.check_folder(args.out, device)
@@ -33,12 +33,18 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                 t.measure()
             choices = t.select()
             tuners.append(t)
-            per_problem.append((p, choices))
+            pinned = t.tactic_choices()
+            per_problem.extend((p, per_m) for per_m in pinned.values())
             print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
             table = backend_table(t, choices)
             print(format_table(table))
             _summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
                                                            "disqualified": sorted(t.disqualified())})
+            if pinned:
+                tactics = tactic_table(t, pinned)
+                print(f"  best tactic of each tunable backend, re-measured beside its default (FlashInfer's cache "
+                      f"pins it wherever SGLang runs that backend):\n{format_table(tactics)}")
+                _summary(args)[fp.name][-1]["tactics"] = table_records(tactics)
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
             for m in t.disqualified_tactics().values():
@@ -71,7 +77,8 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
 
 def write_tactic_files(args, device, family, tuners, per_problem) -> None:
     """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
-    beside the tuned configs (autotune.export.tactics)."""
+    beside the tuned configs (autotune.export.tactics). `per_problem`: (problem, M -> Choice) pairs,
+    one per tunable backend (BackendTuner.tactic_choices)."""
     from .export import flashinfer as fi_cache
     from .export import tactics as files
 

@@ -155,14 +155,21 @@ def cmd_compile_limits(args) -> int:
 
 def cmd_check(args) -> int:
     from . import device as devmod
+    from . import models
     from .check import CheckError, check_folder
 
+    try:
+        Ms = models.parse_int_list(args.batch_sizes, "--batch-sizes", models.MAX_BATCH) if args.batch_sizes else None
+    except models.ModelError as e:
+        raise UsageError(str(e)) from None
     try:
         machine = devmod.detect()
     except devmod.NoDeviceError:
         machine = None
     try:
-        code, lines = check_folder(args.folder, args.sglang_version, machine)
+        # re-timing runs SGLang's kernels: on a CUDA GPU only, unless told not to
+        code, lines = check_folder(args.folder, args.sglang_version, machine, batch_sizes=Ms,
+                                   retime_gpu=machine is not None and machine.kind == "gpu" and not args.no_retime)
     except CheckError as e:
         raise UsageError(str(e)) from None
     for line in lines:

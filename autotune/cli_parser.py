@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
     p.add_argument("--sglang-version", metavar="VERSIONS",
                    help="the serving SGLang release(s) (default: the one installed here)")
+    p.add_argument("--no-retime", action="store_true",
+                   help="on a GPU, compare versions only: do not re-time the files against SGLang's shipped and "
+                        "default configs")
+    p.add_argument("--batch-sizes", default=None,
+                   help="batch sizes to re-time (default: 1, 32, 256, 4096 where the file holds them)")
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "

@@ -44,6 +44,22 @@ def backend_table(tuner, choices: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def tactic_table(tuner, pinned: dict) -> pd.DataFrame:
+    """Per tunable backend and M: its default (-1) and its best tactic, both re-measured (with the
+    best one's spread: (p75 - p25) / median over its timed replays)."""
+    from .kernels.backend_family import LAYER
+    from .records import config_key
+
+    rows = []
+    for b, per_m in sorted(pinned.items()):
+        for M, c in sorted(per_m.items()):
+            m = tuner.careful.get((LAYER, M, config_key(c.config)))
+            rows.append({"backend": b, "M": M, "-1 µs": c.auto_us, "tactic": json.dumps(c.config.get("tactic", -1)),
+                         "tactic µs": c.time_us, "spread": m.spread if m is not None else None,
+                         "speedup": (c.auto_us / c.time_us) if c.auto_us else None})
+    return pd.DataFrame(rows)
+
+
 def backend_label(config: dict) -> str:
     """A backend, with its tactic where it is not the default: `flashinfer_cudnn tactic [3, []]`."""
     tactic = config.get("tactic", -1)
@@ -62,6 +78,8 @@ def format_table(df: pd.DataFrame) -> str:
             return "-"
         if col == "speedup":
             return f"{v:.3f}x"
+        if col == "spread":
+            return f"{v:.1%}"
         if col.endswith("µs"):
             return f"{v:.2f}"
         return str(v)

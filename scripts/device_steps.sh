@@ -9,6 +9,11 @@
 #   fp8        the same for block-FP8 experts (FP8_TAG names a re-run's storage, folder and cache)
 #   harness    issue 4: decode harness, SGLang's configs vs the ones `triton` just wrote
 #   backends   issue 3: fp8_gemm, moe_fp8, moe_bf16 backend choice and server_args.yaml
+#   tactics    issue 10: the FP8 GEMM backends with every tactic FlashInfer's runners offer (TACTIC_BS
+#              batch sizes), FlashInfer's cache and blocklist written, --json summary in $WORK/tactics.json
+#   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py
+#   check      issue 12: `autotune check` of the committed H200 folder: versions, then each Triton MoE file
+#              re-timed as SGLang runs the layer, tuned vs shipped vs default (CHECK_BS batch sizes)
 # Work files live in $WORK (default /tmp/at); the SQLite study travels back in work.tgz so a
 # later call can resume a run cut short by its limit (carry it and set RESUME=work.tgz).
 set -uo pipefail
@@ -53,6 +58,20 @@ step_backends() {
   at run "${MODEL[@]}" --kernels fp8_gemm,moe_fp8,moe_bf16 --gpus all --out "$TUNED" \
      --storage "sqlite:///$WORK/backends$(date +%s).db" \
      --skip-backends flashinfer_cutlass --record "$WORK/backends.jsonl.gz" --quiet
+}
+
+step_tactics() {
+  at run "${MODEL[@]}" --kernels fp8_gemm --gpus all --batch-sizes "${TACTIC_BS:-1,8,64,512}" --out "$WORK/tactics" \
+     --storage "sqlite:///$WORK/tactics.db" --record "$WORK/tactics.jsonl.gz" --json "$WORK/tactics.json" --quiet
+}
+
+step_probe() {
+  python3 benchmarks/flashinfer_cache_probe.py --summary "$WORK/tactics.json" \
+     --cache "$WORK/tactics/NVIDIA_H200/flashinfer_autotune_cache.json" --out "$WORK/probe.json"
+}
+
+step_check() {
+  at check tuned_configs/NVIDIA_H200 --sglang-version 0.5.23 --batch-sizes "${CHECK_BS:-1,8,32,64,256,1024,4096}"
 }
 
 if [ "${1:-}" = __step ]; then step_"$2"; exit; fi

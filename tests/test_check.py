@@ -24,8 +24,46 @@ def machine_as_measured(**change):
 ])
 def test_machine_drift(monkeypatch, capsys, change, code, says):
     monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured(**change))
-    assert main(["check", str(FOLDER), "--sglang-version", "0.5.23"]) == code
+    assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--no-retime"]) == code
     assert says in capsys.readouterr().out
+
+
+def _rows(tuned, shipped, default, spread=0.005):
+    """What moe_sides.time_sides returns, at each sampled M."""
+    def timer(sides, Ms, repeats):
+        assert sides.problem.key.startswith("E=512,N=128,K=4096")
+        return [{"M": M, "tuned µs": tuned, "default µs": shipped, "heuristic µs": default,
+                 "tuned spread": spread, "default spread": spread, "heuristic spread": spread,
+                 "tuned source": "tuned file", "default source": "SGLang's shipped file",
+                 "heuristic source": "SGLang's default heuristic (no file)"} for M in Ms]
+    return timer
+
+
+@pytest.mark.parametrize("times,code,says", [
+    ((10.0, 10.5, 14.0), 0, "no slower than either"),
+    ((10.0, 10.08, 14.0), 0, "no slower than either"),          # within the 1% floor
+    ((11.0, 10.0, 14.0), 1, "slower than shipped by 10.0%"),
+    ((11.0, 14.0, 10.0), 1, "slower than default by 10.0%"),
+])
+def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(times, code, says):
+    from autotune.check import RETIME_MS, check_folder
+
+    got, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(), retime_gpu=True, timer=_rows(*times))
+    assert got == code
+    timed = [line for line in lines if " M=" in line]
+    # each Triton MoE file of the folder (bf16 and block-FP8), at the sampled batch sizes it holds
+    assert len(timed) == 2 * len(RETIME_MS) and all(says in line for line in timed)
+    assert all("(SGLang's shipped file)" in line for line in timed)
+
+
+def test_a_gpu_that_drifted_is_not_retimed(capsys):
+    from autotune.check import check_folder
+
+    def never(*a):
+        raise AssertionError("re-timed on another GPU")
+    code, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(name="NVIDIA H100 80GB HBM3"),
+                               retime_gpu=True, timer=never)
+    assert code == 1
 
 
 def test_without_a_gpu_only_sglang_is_checked_and_it_says_so(monkeypatch, capsys):

@@ -31,6 +31,8 @@ def tuned():
         tuner = BackendTuner(storage, PROBLEM, fam, DEVICE, pool, careful_repeats=7)
         tuner.measure()
         choices = tuner.select()
+        pinned = tuner.tactic_choices()
+    tuner.pinned = pinned
     return fam, tuner, choices, storage
 
 
@@ -105,9 +107,28 @@ def test_a_file_that_is_not_a_blocklist_is_left_alone(tmp_path):
     assert path.read_text() == '{"something": "else"}'
 
 
+def test_each_tunable_backend_gets_its_own_best_tactic_whichever_backend_wins(tuned):
+    """FlashInfer's cache is read wherever SGLang runs that backend: `pair` never wins an M overall
+    (slower than `tunable` everywhere), and still its best correct tactic is pinned for it."""
+    _, tuner, choices, _ = tuned
+    pinned = tuner.pinned
+    assert set(pinned) == {"tunable", "pair"}
+    assert all(c.config["backend"] == "tunable" for c in choices.values())
+    for M in PROBLEM.batch_sizes:
+        assert pinned["tunable"][M].config == cfg(0)
+        assert pinned["pair"][M].config == {"backend": "pair", "tactic": [0, 1]}
+        for c in (pinned["tunable"][M], pinned["pair"][M]):
+            assert c.time_us < c.auto_us            # beside its own default, both re-measured
+            assert {json.dumps(x["config"]["tactic"]) for x in c.candidates} >= {"-1"}
+    # the disqualified never reach the re-measurement
+    assert not any(x["config"]["tactic"] in (1, 2, [-1, 0]) for per_m in pinned.values()
+                   for c in per_m.values() for x in c.candidates)
+
+
 def test_cache_entries_pin_the_winners(tuned):
-    fam, _, choices, _ = tuned
-    entries = tactic_files.cache_entries_of(fam, [(PROBLEM, choices)])
+    fam, tuner, _, _ = tuned
+    entries = tactic_files.cache_entries_of(fam, [(PROBLEM, per_m) for per_m in tuner.pinned.values()])
+    # `pair` (autotune's cutlass_fused_moe runner) keeps no entry of its own here
     assert [(e.profile[0][0], e.tactic) for e in entries] == [(1, 0), (2, 0), (64, 0)]
     assert {e.runner for e in entries} == {RUNNERS["tunable"].flashinfer_runner}
 
@@ -123,7 +144,8 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
     args = SimpleNamespace(out=str(tmp_path))
-    cli_backends.write_tactic_files(args, device, fam, [tuner], [(PROBLEM, choices)])
+    cli_backends.write_tactic_files(args, device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()])
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
     assert AutoTuner().load_configs(str(cache))
@@ -142,7 +164,8 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
-    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner], [(PROBLEM, choices)])
+    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()])
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
     assert "3 winning tactics not written" in capsys.readouterr().out
@@ -155,6 +178,16 @@ def test_the_table_names_the_winning_tactic(tuned):
     _, tuner, choices, _ = tuned
     table = backend_table(tuner, choices)
     assert list(table["best"]) == ["tunable tactic 0"] * 3
+
+
+def test_the_tactic_table_shows_each_backends_default_and_pick(tuned):
+    from autotune.report import tactic_table
+
+    _, tuner, _, _ = tuned
+    rows = tactic_table(tuner, tuner.pinned).to_dict("records")
+    assert [(r["backend"], r["M"], r["tactic"]) for r in rows] == [
+        ("pair", M, "[0, 1]") for M in PROBLEM.batch_sizes] + [("tunable", M, "0") for M in PROBLEM.batch_sizes]
+    assert all(r["speedup"] > 1 and r["spread"] is not None for r in rows)
 
 
 def test_tactics_of_two_parts_are_searched_part_by_part_then_together(tuned):

@@ -192,3 +192,31 @@ def test_moe_table_medians_spreads_and_gains():
     assert r["default"]["median_us"] == 22.0 and r["tuned"]["median_us"] == 20.0
     assert r["tuned_vs_default"] == pytest.approx(0.10) and r["tuned_vs_heuristic"] == pytest.approx(0.65)
     assert "| 8 | 33.0 (18%) | 22.0 (18%) | 20.0 (10%) | +10.0% | +65.0% |" in moe_markdown(rows)
+
+
+@pytest.mark.slow
+def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
+    """`autotune check`'s re-timing on a GPU, here in the interpreter: each side's layer (SGLang's
+    call sequence with the configs its loader picks) is checked against the float32 reference, then
+    timed in turns; a side whose configs compute wrong numbers stops it with the side named."""
+    from autotune.device import cpu_interpreter
+    from autotune.validate.moe_sides import MoeSides, time_sides
+
+    d = _tuned_folder(tmp_path)
+    problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
+    sides = MoeSides(problem, cpu_interpreter(), d, on_cpu=True, inner_repeats=1)
+    rows = time_sides(sides, [1, 2], repeats=2)
+    assert [r["M"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["tuned source"] == "tuned file" and r["default source"] == "SGLang's default heuristic"
+        assert all(r[f"{s} error"] < 1e-3 and r[f"{s} µs"] > 0 for s in ("tuned", "default", "heuristic"))
+    # a side whose output is off (here doubled) is caught by the check before any timing
+    bad = MoeSides(problem, cpu_interpreter(), d, on_cpu=True, inner_repeats=1)
+    real = bad.moe
+
+    def wrong(up_w, down_w, x, ids, w, side):
+        out = real(up_w, down_w, x, ids, w, side)
+        return out * 2 if side == "tuned" else out
+    bad.moe = wrong
+    with pytest.raises(HarnessError, match="tuned configs at batch 1 compute wrong results"):
+        time_sides(bad, [1], repeats=1)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from ..models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config
 from . import HarnessError
+from .moe_sides import SIDES, MoeSides
 
 INTERPRETER_NOTE = ("cpu-interpreter: Triton's CPU interpreter, float32, wall clock: these numbers exercise "
                     "the pipeline and mean nothing about speed")
@@ -149,42 +150,18 @@ class _Layer:
     d2: object
 
 
-# default = what SGLang loads from its own folder (its shipped file, else its heuristic), tuned =
-# the tuned folder, heuristic = SGLang's default config with no file at all (timed for the MoE only).
-SIDES = ("heuristic", "default", "tuned")
-
-
-@dataclass
-class SideConfig:
-    gate_up: dict
-    down: dict
-    file_found: bool
-    source: str
-
-
-class DecodeHarness:
+class DecodeHarness(MoeSides):
     """Weights, the decode step and its timing for one model shape on this device."""
 
     def __init__(self, shapes: LayerShapes, device, tuned_dir: str | Path, *, layers: int | None = None,
                  seed: int = 0, on_cpu: bool = False, weight_fraction: float = 0.6, inner_repeats: int | None = None):
         import torch
 
-        from ..kernels.triton_moe import TritonMoe, compute_dtype, sglang_file_name
-
-        self.shapes, self.device, self.on_cpu = shapes, device, on_cpu
-        self.tuned_dir = Path(tuned_dir)
         self.layers = layers or default_layers(shapes)
         if self.layers <= 0:
             raise HarnessError("--layers must be positive")
-        self.problem = shapes.problem
-        self.fam = TritonMoe()
-        why = self.fam.unsupported_reason(self.problem, device)
-        if why:
-            raise HarnessError(f"the fused MoE cannot run here: {why}")
-        self.dev = "cpu" if on_cpu else "cuda"
-        self.dtype = compute_dtype(self.problem, on_cpu)
-        self.inner = inner_repeats or (2 if on_cpu else 7)
-        self.file_name = sglang_file_name(self.problem, device)
+        super().__init__(shapes.problem, device, tuned_dir, on_cpu=on_cpu, inner_repeats=inner_repeats)
+        self.shapes = shapes
         self.notes: list[str] = []
         if self.layers % shapes.interval:
             self.notes.append(f"{self.layers} layers is not a multiple of the {shapes.interval}-layer group: "
@@ -204,11 +181,7 @@ class DecodeHarness:
         self.expert_sets = sets
         if sets < self.layers:
             self.notes.append(f"expert weights: {sets} distinct sets for {self.layers} layers (memory)")
-        experts = []
-        for s in range(sets):
-            up = self.fam._weights(p, "gate_up", seed * 1000 + s, self.dev, self.dtype)
-            down = self.fam._weights(p, "down", seed * 1000 + s, self.dev, self.dtype)
-            experts.append((up, down))
+        experts = [self.expert_weights(seed * 1000 + s) for s in range(sets)]
         self._layers: list[_Layer] = []
         for i in range(self.layers):
             kind = shapes.kind(i)
@@ -216,50 +189,9 @@ class DecodeHarness:
             (w13, s13, d13), (w2, s2, d2) = experts[i % sets]
             self._layers.append(_Layer(kind, {gm.name: weight(gm.N, gm.K) for gm in gemms},
                                        weight(shapes.router.N, shapes.router.K), w13, s13, d13, w2, s2, d2))
-        self._sides: dict[tuple[int, str], SideConfig] = {}
         self._record: list | None = None
 
-    # -- configs ---------------------------------------------------------------------------------
-    def side_config(self, M: int, side: str) -> SideConfig:
-        """The (gate_up, down) configs SGLang's loader picks at M: tuned folder or built-in."""
-        from ..kernels.triton_moe import sglang_selection
-
-        key = (M, side)
-        if key not in self._sides:
-            cdir = {"tuned": str(self.tuned_dir), "heuristic": self._empty_dir()}.get(side)
-            up, down, found = sglang_selection(self.problem, M, self.device, cdir)
-            if side == "tuned":
-                source = "tuned file" if found else "NO tuned file: SGLang's default heuristic"
-            elif side == "heuristic":
-                source = "SGLang's default heuristic (no file)"
-            else:
-                source = "SGLang's shipped file" if found else "SGLang's default heuristic"
-            self._sides[key] = SideConfig(up, down, found, source)
-        return self._sides[key]
-
-    def _empty_dir(self) -> str:
-        """A config folder SGLang lists and finds nothing in: its default heuristic config."""
-        import tempfile
-
-        if not hasattr(self, "_empty"):
-            self._empty = tempfile.mkdtemp(prefix="autotune_no_configs_")
-            os.makedirs(os.path.join(self._empty, "configs"))
-        return self._empty
-
-    def require_tuned_file(self) -> None:
-        if not self.side_config(1, "tuned").file_found:
-            raise HarnessError(f"{self.tuned_dir} has no config for {self.problem.key} ({self.file_name} under "
-                               f"configs/triton_*/): the tuned side would run SGLang's defaults, nothing to validate")
-
     # -- pieces ----------------------------------------------------------------------------------
-    def _silu_and_mul(self, a):
-        if self.on_cpu:
-            import torch.nn.functional as F
-            d = a.shape[-1] // 2
-            return F.silu(a[..., :d]) * a[..., d:]
-        from sglang.kernels.ops.activation import silu_and_mul
-        return silu_and_mul(a)
-
     def route(self, L: _Layer, x):
         import torch
         import torch.nn.functional as F
@@ -269,22 +201,7 @@ class DecodeHarness:
         return ids.to(torch.int32), w / w.sum(dim=-1, keepdim=True)
 
     def fused_moe(self, L: _Layer, x, ids, w, side: str):
-        """SGLang's fused MoE for one layer through the tuning runner (TritonMoe.run)."""
-        import torch
-
-        from ..kernels.triton_moe import MoeInputs
-
-        p, M = self.problem, x.shape[0]
-        cfg = self.side_config(M, side)
-        cache1 = torch.empty((M * p.top_k, 2 * p.N), dtype=self.dtype, device=x.device)
-        up = MoeInputs(p, "gate_up", M, [x], L.w13, L.s13, L.d13, cache1, [ids], [w], self.on_cpu)
-        self.fam.run(cfg.gate_up, up, 0)              # aligns with gate_up's BLOCK_SIZE_M (SGLang's op)
-        act = self._silu_and_mul(cache1)
-        cache3 = torch.empty((M, p.top_k, p.K), dtype=self.dtype, device=x.device)
-        down = MoeInputs(p, "down", M, [act], L.w2, L.s2, L.d2, cache3, [ids], [w], self.on_cpu,
-                         _aligned=up._aligned)     # BLOCK_SIZE_M is coupled: SGLang aligns once
-        self.fam.run(cfg.down, down, 0)
-        return cache3.sum(dim=1)
+        return self.moe((L.w13, L.s13, L.d13), (L.w2, L.s2, L.d2), x, ids, w, side)
 
     def layer(self, L: _Layer, x, side: str):
         import torch
@@ -303,7 +220,7 @@ class DecodeHarness:
             self._record.append((x, ids, w))
         out = x + self.fused_moe(L, x, ids, w, side)
         if "shared_gate_up" in d:
-            h = self._silu_and_mul(F.linear(x, d["shared_gate_up"]))
+            h = self.silu_and_mul(F.linear(x, d["shared_gate_up"]))
             out = out + F.linear(h, d["shared_down"]) * torch.sigmoid(F.linear(x, d["shared_gate"]))
         return out
 
@@ -318,37 +235,14 @@ class DecodeHarness:
 
     # -- check and timing ------------------------------------------------------------------------
     def check(self, M: int, seed: int = 7) -> dict:
-        """Both sides' fused MoE at M against the float32 reference of the same layer (the moe_*
-        families' reference): a tuned config that computes wrong numbers fails here."""
+        """Every side's fused MoE at M against the float32 reference of the same layer."""
         import torch
-
-        from ..kernels.moe_backends import MoeBf16, MoeFp8, MoeLayerInputs
-        from ..kernels.triton_moe import TOLERANCE
-        from ..measure import check_output
 
         g = torch.Generator(device=self.dev).manual_seed(seed + M)
         x = torch.randn((M, self.problem.K), generator=g, device=self.dev).to(self.dtype)
         L = self._layers[0]
         ids, w = self.route(L, x)
-        ref_fam = MoeBf16() if self.problem.dtype == "bf16" else MoeFp8()
-        ref = ref_fam.reference(MoeLayerInputs(self.problem, M, [x], [ids], [w], L.w13, L.w2, L.d13, L.d2))
-        tol = TOLERANCE["fp32"] if self.on_cpu else ref_fam.tol
-        out = {}
-        for side in SIDES:
-            ok, reason, err = check_output(self.fused_moe(L, x, ids, w, side), ref, tol)
-            if not ok:
-                cfg = self.side_config(M, side)
-                raise HarnessError(f"{side} configs at batch {M} compute wrong results ({reason}); "
-                                   f"gate_up {cfg.gate_up}, down {cfg.down} ({cfg.source})")
-            out[side] = err
-        return out
-
-    def _timer(self, fn):
-        from ..measure import time_cpu, time_gpu
-
-        if self.on_cpu:
-            return time_cpu(lambda i: fn(), 1, repeats=self.inner)
-        return time_gpu(lambda i: fn(), 1, repeats=self.inner)
+        return self.check_sides((L.w13, L.s13, L.d13), (L.w2, L.s2, L.d2), x, ids, w)
 
     def measure(self, batch_sizes, repeats: int = 5, log=print, seed: int = 11) -> dict:
         """Per batch size: check, then `repeats` x (default, tuned) timings of the step and of the
@@ -376,15 +270,15 @@ class DecodeHarness:
                 def heuristic():
                     # SGLang's default heuristic: the MoE alone, on the default side's inputs (first or
                     # last in turn, as the other two alternate)
-                    t = self._timer(lambda: self.moe_only(recorded["default"], "heuristic"))
+                    t = self.timer(lambda: self.moe_only(recorded["default"], "heuristic"))
                     moe[M]["heuristic"].append(t.median_us)
 
                 for r in range(repeats):
                     if r % 2 == 0:
                         heuristic()
                     for side in (("default", "tuned") if r % 2 == 0 else ("tuned", "default")):
-                        t_step = self._timer(lambda: self.step(x, side))
-                        t_moe = self._timer(lambda: self.moe_only(recorded[side], side))
+                        t_step = self.timer(lambda: self.step(x, side))
+                        t_moe = self.timer(lambda: self.moe_only(recorded[side], side))
                         moe[M][side].append(t_moe.median_us)
                         step_full_us = t_step.median_us * scale
                         runs.append({"side": "baseline" if side == "default" else "tuned", "repeat": r,

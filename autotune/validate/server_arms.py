@@ -141,14 +141,15 @@ def read_runs(folder: str | Path, tuned_dir: str | None) -> tuple[list[ArmRun], 
         m = RUN_NAME.match(log.stem)
         if not m:
             continue
+        # a run cut short before its results may also be before SGLang loads its MoE config: say the first
+        res = _results(log, m["mode"])
+        if not res:
+            problems.append(f"{log.stem}: no results (the run failed or was cut short; see its log)")
+            continue
         ev = evidence(log.read_text(errors="replace"))
         why = check_arm(m["arm"], ev, tuned_dir)
         if why:
             problems.append(f"{log.stem}: {why}")
-            continue
-        res = _results(log, m["mode"])
-        if not res:
-            problems.append(f"{log.stem}: no results (the run failed; see its log)")
             continue
         runs.append(ArmRun(log.stem, m["mode"], m["dtype"], int(m["rep"]), m["arm"], ev, res))
     return runs, problems

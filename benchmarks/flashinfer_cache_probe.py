@@ -1,0 +1,133 @@
+"""Does FlashInfer serve the tactics `autotune run` pinned? A fresh process, on the GPU.
+
+For every (FP8 GEMM shape, FlashInfer backend, M) whose best tactic the run pinned in
+`flashinfer_autotune_cache.json` (the run's --json summary lists them), the same bmm_fp8 call
+SGLang makes (the public `flashinfer.bmm_fp8(..., backend=...)`, outside tuning mode) is timed
+three ways, in this order:
+  default   no cache loaded: FlashInfer's fallback, tactic -1
+  pinned    after `AutoTuner.load_configs(cache)`: the tactic choose_one returns is recorded (it must
+            be the pinned one, with no profiling and no cache miss)
+  fi_auto   FlashInfer's own autotuning (`with autotune(True)`: one call profiles every tactic at
+            every bucket, as SGLang's start-up warm-up does), then its pick, outside tuning mode
+Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
+operands as the run's measurement (autotune.kernels.fp8_gemm), so `pinned` is comparable with the
+time the run measured for that tactic.
+
+usage: python benchmarks/flashinfer_cache_probe.py --summary run.json --cache DIR/flashinfer_autotune_cache.json
+           [--out probe.json] [--routings 10]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def pinned_rows(summary: dict) -> list[dict]:
+    """(problem key, backend, M, tactic, the run's times) for every tactic other than -1 the run pinned."""
+    rows = []
+    for entry in summary.get("fp8_gemm", []):
+        for r in entry.get("tactics", []):
+            if json.loads(r["tactic"]) != -1:
+                rows.append({"problem": entry["problem"], **r})
+    return rows
+
+
+def problem_of(key: str):
+    from autotune.models import GemmProblem
+
+    name, n, k, dtype = key.split(",")
+    return GemmProblem(name, int(n.removeprefix("N=")), int(k.removeprefix("K=")), dtype)
+
+
+class Spy:
+    """What choose_one returned and how often FlashInfer profiled, observed without changing either."""
+
+    def __init__(self):
+        from flashinfer.autotuner import AutoTuner
+
+        self.picks, self.profiled = [], 0
+        choose, profile = AutoTuner.choose_one, AutoTuner._profile_single_kernel
+        spy = self
+
+        def choose_one(tuner, custom_op, runners, *a, **kw):
+            runner, tactic = choose(tuner, custom_op, runners, *a, **kw)
+            spy.picks.append((custom_op, type(runner).__name__, tactic, tuner.is_tuning_mode))
+            return runner, tactic
+
+        def profile_single_kernel(*a, **kw):
+            spy.profiled += 1
+            return profile(*a, **kw)
+        AutoTuner.choose_one, AutoTuner._profile_single_kernel = choose_one, profile_single_kernel
+
+    def reset(self):
+        self.picks, self.profiled = [], 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--summary", required=True, help="`autotune run --json` output of the fp8_gemm run")
+    ap.add_argument("--cache", required=True, help="the flashinfer_autotune_cache.json that run wrote")
+    ap.add_argument("--out", default=None, help="write the rows here as JSON")
+    ap.add_argument("--routings", type=int, default=10)
+    args = ap.parse_args()
+
+    import torch
+    from flashinfer.autotuner import AutoTuner, _tactic_to_json, autotune
+
+    from autotune.kernels.fp8_gemm import Fp8Gemm
+    from autotune.kernels.runner import discover
+    from autotune.measure import time_gpu
+
+    rows = pinned_rows(json.loads(Path(args.summary).read_text()))
+    if not rows:
+        print("the summary lists no pinned tactic (other than -1): nothing to probe", file=sys.stderr)
+        return 1
+    runners = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}
+    family, spy, tuner = Fp8Gemm(), Spy(), AutoTuner.get()
+    out = []
+    for row in rows:
+        problem, M, runner = problem_of(row["problem"]), int(row["M"]), runners[row["backend"]]
+        inputs = family.make_inputs(problem, "layer", M, routings=args.routings)
+
+        def launch(i):
+            return runner.run(inputs, i, -1)     # the public bmm_fp8 call, as SGLang makes it
+
+        def timed(phase):
+            spy.reset()
+            t = time_gpu(launch, args.routings, repeats=21)
+            seen = sorted({json.dumps(_tactic_to_json(p[2])) for p in spy.picks if p[0] == runner.flashinfer_op})
+            return {f"{phase} µs": t.median_us, f"{phase} spread": t.spread, f"{phase} tactic": seen,
+                    f"{phase} profiled": spy.profiled}
+
+        tuner.clear_cache()
+        res = {**row, **timed("default")}
+        if not tuner.load_configs(args.cache):
+            print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
+            return 1
+        misses = tuner.stats.cache_misses
+        res.update(timed("pinned"))
+        res["pinned misses"] = tuner.stats.cache_misses - misses
+        tuner.clear_cache()
+        spy.reset()
+        with autotune(True):
+            launch(0)
+        torch.cuda.synchronize()
+        res["fi_auto profiled"] = spy.profiled
+        res.update({k: v for k, v in timed("fi_auto").items() if k != "fi_auto profiled"})
+        res["served pinned"] = res["pinned tactic"] == [row["tactic"]] and res["pinned profiled"] == 0 \
+            and res["pinned misses"] == 0
+        out.append(res)
+        print(json.dumps(res), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    bad = [r for r in out if not r["served pinned"]]
+    print(f"{len(out) - len(bad)} of {len(out)} pinned tactics served from the cache without profiling")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
