@@ -7,6 +7,8 @@ three ways, in this order:
   default   no cache loaded: FlashInfer's fallback, tactic -1
   pinned    after `AutoTuner.load_configs(cache)`: the tactic choose_one returns is recorded (it must
             be the pinned one, with no profiling and no cache miss)
+  direct    the pinned tactic launched on FlashInfer's runner object, as the run's workers timed it:
+            the same kernel as `pinned` if the cache serves it, so the two agree within the spread
   fi_auto   FlashInfer's own autotuning (`with autotune(True)`: one call profiles every tactic at
             every bucket, as SGLang's start-up warm-up does), then its pick, outside tuning mode
 Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
@@ -15,6 +17,7 @@ time the run measured for that tactic.
 
 usage: python benchmarks/flashinfer_cache_probe.py --summary run.json --cache DIR/flashinfer_autotune_cache.json
            [--out probe.json] [--routings 10]
+       python benchmarks/flashinfer_cache_probe.py --table probe.json     (the rows as a markdown table)
 """
 from __future__ import annotations
 
@@ -67,7 +70,24 @@ class Spy:
         self.picks, self.profiled = [], 0
 
 
+def table(rows: list[dict]) -> str:
+    def us(r, k):
+        return f"{r[f'{k} µs']:.2f}" if r.get(f"{k} µs") is not None else "-"
+    out = ["| shape | backend | M | run: -1 µs | run: pick µs | pick | probe: default µs | probe: pinned µs "
+           "| probe: direct µs | FlashInfer's own pick | its µs | served from cache |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['problem'].split(',')[0]} | {r['backend'].removeprefix('flashinfer_')} | {r['M']} | "
+                   f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'pinned')} | "
+                   f"{us(r, 'direct')} | `{', '.join(r['fi_auto tactic'])}` | {us(r, 'fi_auto')} | "
+                   f"{'yes' if r['served pinned'] else 'NO'} |")
+    return "\n".join(out)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", required=True, help="`autotune run --json` output of the fp8_gemm run")
     ap.add_argument("--cache", required=True, help="the flashinfer_autotune_cache.json that run wrote")
@@ -96,9 +116,12 @@ def main() -> int:
         def launch(i):
             return runner.run(inputs, i, -1)     # the public bmm_fp8 call, as SGLang makes it
 
-        def timed(phase):
+        def launch_direct(i):
+            return runner.run(inputs, i, json.loads(row["tactic"]))
+
+        def timed(phase, fn=launch):
             spy.reset()
-            t = time_gpu(launch, args.routings, repeats=21)
+            t = time_gpu(fn, args.routings, repeats=21)
             seen = sorted({json.dumps(_tactic_to_json(p[2])) for p in spy.picks if p[0] == runner.flashinfer_op})
             return {f"{phase} µs": t.median_us, f"{phase} spread": t.spread, f"{phase} tactic": seen,
                     f"{phase} profiled": spy.profiled}
@@ -111,6 +134,7 @@ def main() -> int:
         misses = tuner.stats.cache_misses
         res.update(timed("pinned"))
         res["pinned misses"] = tuner.stats.cache_misses - misses
+        res.update({k: v for k, v in timed("direct", launch_direct).items() if k in ("direct µs", "direct spread")})
         tuner.clear_cache()
         spy.reset()
         with autotune(True):

@@ -12,6 +12,7 @@
 #   tactics    issue 10: the FP8 GEMM backends with every tactic FlashInfer's runners offer (TACTIC_BS
 #              batch sizes), FlashInfer's cache and blocklist written, --json summary in $WORK/tactics.json
 #   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py
+#   warm       issue 12: cold vs --warm-start runs of E=256,N=128 and E=512,N=256 bf16 (WARM_RUNS, WARM_BS, WARM_TRIALS)
 #   check      issue 12: `autotune check` of the committed H200 folder: versions, then each Triton MoE file
 #              re-timed as SGLang runs the layer, tuned vs shipped vs default (CHECK_BS batch sizes)
 # Work files live in $WORK (default /tmp/at); the SQLite study travels back in work.tgz so a
@@ -20,7 +21,9 @@ set -uo pipefail
 OUT=${OUT:?run through the device tool: \$OUT is where results go}
 WORK=${WORK:-/tmp/at}
 mkdir -p "$WORK"
-[ -n "${RESUME:-}" ] && [ -f "$RESUME" ] && tar -xzf "$RESUME" -C "$WORK"
+# once, in the call's own shell: each step re-runs this script (`__step`), and extracting again there
+# would put back the resumed files a step before it rewrote (seen: probe.json of the earlier call)
+[ "${1:-}" != __step ] && [ -n "${RESUME:-}" ] && [ -f "$RESUME" ] && tar -xzf "$RESUME" -C "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 at() { python3 -m autotune "$@"; }
 MODEL=(--model qwen3.5-397b-a17b --tp 8)
@@ -72,6 +75,23 @@ step_probe() {
 
 step_check() {
   at check tuned_configs/NVIDIA_H200 --sglang-version 0.5.23 --batch-sizes "${CHECK_BS:-1,8,32,64,256,1024,4096}"
+}
+
+step_warm() {
+  # issue 12: device time to within 2% of the best, cold vs warm-started from the E=512,N=128 bf16 H200 run;
+  # same trials, same seed, one storage each (the trials' completion times are the clock:
+  # benchmarks/warm_start_h200.py). WARM_RUNS: "model:tp ..." (default the two shapes the issue names).
+  local spec model tp mode ws
+  for spec in ${WARM_RUNS:-qwen3.5-122b-a10b:8 qwen3.5-397b-a17b:4}; do
+    model=${spec%%:*}; tp=${spec#*:}
+    for mode in cold warm; do
+      ws=(); [ $mode = warm ] && ws=(--warm-start benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz)
+      echo "--- $model tp$tp $mode $(date -u +%T)"
+      at run --model "$model" --tp "$tp" --dtype bf16 --kernels triton_moe --gpus all --batch-sizes "${WARM_BS:-1,32,256}" \
+         --trials "${WARM_TRIALS:-30}" --seed 0 "${ws[@]}" --storage "sqlite:///$WORK/warm_${model}_tp${tp}_$mode.db" \
+         --out "$WORK/warm_${model}_tp${tp}_$mode" --quiet 2>&1 | tail -25
+    done
+  done
 }
 
 if [ "${1:-}" = __step ]; then step_"$2"; exit; fi

@@ -220,3 +220,50 @@ def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
     bad.moe = wrong
     with pytest.raises(HarnessError, match="tuned configs at batch 1 compute wrong results"):
         time_sides(bad, [1], repeats=1)
+
+
+def test_tma_down_layer_calls_sglangs_row_filtered_ops_as_its_fused_moe_does(monkeypatch):
+    """With TMA on the down GEMM (block-FP8 only, so no interpreter run), the layer computes the
+    activation, and for a down K that is not one block its FP8 quantization, only on the rows down
+    reads, through SGLang's own row-filtered ops; the calls must bind to those functions' real
+    signatures (SGLang 0.5.23) with the alignment's tensors."""
+    import inspect
+
+    import torch
+    from sglang.kernels.ops.activation import activation
+    from sglang.kernels.ops.quantization import per_token_group_quant as ptgq
+
+    from autotune.device import cpu_interpreter
+    from autotune.kernels.triton_moe import cpu_align_block_size
+    from autotune.models import Problem
+    from autotune.validate.moe_sides import MoeSides
+
+    calls = {}
+
+    def recorder(name, real, result):
+        def fake(*args, **kwargs):
+            calls[name] = inspect.signature(real).bind(*args, **kwargs).arguments
+            return result(*args)
+        return fake
+    monkeypatch.setattr(activation, "silu_and_mul", recorder(
+        "silu_and_mul", activation.silu_and_mul, lambda x, out: out.copy_(x[:, : x.shape[1] // 2])))
+    monkeypatch.setattr(ptgq, "per_token_group_quant", recorder(
+        "per_token_group_quant", ptgq.per_token_group_quant, lambda x: (x, torch.ones(x.shape[0], 2))))
+    p = Problem(E=8, N=256, K=256, top_k=2, dtype="fp8_w8a8_block")        # down's K = N = 2 blocks
+    sides = MoeSides(Problem(E=8, N=32, K=64, top_k=2, dtype="bf16"), cpu_interpreter(), ".", on_cpu=True)
+    sides.problem, sides.on_cpu = p, False                                # the GPU branch, on CPU tensors
+    ids = torch.randint(0, p.E, (3, p.top_k), dtype=torch.int32)
+    aligned = cpu_align_block_size(ids, 16, p.E)
+    rows = 3 * p.top_k + min(3 * p.top_k, p.E + 1) * 15
+    act, scale = sides.sorted_activation(torch.randn(rows, 2 * p.N), aligned, 3 * p.top_k, 16)
+    f = calls["silu_and_mul"]
+    assert f["expert_ids"] is aligned[1] and f["expert_step"] == 16 and f["sorted_token_ids"] is aligned[0]
+    assert f["num_tokens_post_padded"] is aligned[2] and f["num_valid_tokens"] == 6 and f["out"].shape == (rows, p.N)
+    q = calls["per_token_group_quant"]
+    assert q["group_size"] == 128 and q["sorted_token_ids"] is aligned[0] and q["num_valid_tokens"] == 6
+    assert act.shape == (rows, p.N) and scale is not None
+    # down's K of exactly one block: SGLang leaves the quantization to the down call
+    calls.clear()
+    sides.problem = Problem(E=8, N=128, K=256, top_k=2, dtype="fp8_w8a8_block")
+    _, scale = sides.sorted_activation(torch.randn(rows, 256), aligned, 6, 16)
+    assert scale is None and "per_token_group_quant" not in calls

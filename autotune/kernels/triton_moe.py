@@ -445,7 +445,13 @@ class TritonMoe:
             del kernel.run
         return compiled[-1] if compiled else None
 
-    def run(self, config: dict, inputs: MoeInputs, routing: int):
+    def run(self, config: dict, inputs: MoeInputs, routing: int, *, c_sorted: bool = False, a_sorted=None,
+            a_scale=None):
+        """One GEMM through SGLang's invoke_fused_moe_kernel. The keywords are the TMA-down layer
+        (autotune.validate.moe_sides): gate_up writing its rows expert-sorted into the padded buffer
+        (`c_sorted`), down reading that buffer as it is (`a_sorted`, with `a_scale` where the
+        activation was quantized beforehand), as SGLang's fused MoE does; the tuning itself times
+        each GEMM alone (down's sorted A built beforehand, outside the timing)."""
         import triton.language as tl
         from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
 
@@ -463,10 +469,13 @@ class TritonMoe:
         if inputs.gemm == "gate_up":
             invoke_fused_moe_kernel(inputs.A[routing], inputs.B, None, inputs.C, None, inputs.B_scale, None,
                                     tw, tid, sorted_ids, expert_ids, ntp, False, p.top_k, cfg,
-                                    b_use_tma=use_tma, **common)
+                                    b_use_tma=use_tma, **common, **({"c_sorted": True} if c_sorted else {}))
         else:
-            A = self._tma_sorted_A(inputs, cfg["BLOCK_SIZE_M"], routing) if use_tma else inputs.A[routing]
-            invoke_fused_moe_kernel(A, inputs.B, None, inputs.C, None, inputs.B_scale, None,
+            if a_sorted is not None:
+                A = a_sorted
+            else:
+                A = self._tma_sorted_A(inputs, cfg["BLOCK_SIZE_M"], routing) if use_tma else inputs.A[routing]
+            invoke_fused_moe_kernel(A, inputs.B, None, inputs.C, a_scale, inputs.B_scale, None,
                                     tw, tid, sorted_ids, expert_ids, ntp, True, 1, cfg,
                                     a_use_tma=use_tma, b_use_tma=use_tma, router_topk=p.top_k, **common)
         return inputs.C

@@ -93,22 +93,56 @@ class MoeSides:
         return silu_and_mul(a)
 
     def moe(self, up_w, down_w, x, ids, w, side: str):
-        """SGLang's fused MoE for one layer through the tuning runner (TritonMoe.run)."""
+        """SGLang's fused MoE for one layer through the tuning runner (TritonMoe.run), in SGLang's
+        order (fused_moe.py `_fused_moe_kernel_sequence`): with a plain down GEMM, gate_up writes
+        token-major rows and the activation runs on all of them; with TMA on the down GEMM
+        (block-FP8), gate_up writes its rows expert-sorted into a block-padded buffer (`c_sorted`),
+        the activation and FP8 quantization run on the rows down reads, and down reads that buffer
+        by TMA as it is (no gather)."""
         import torch
 
         from ..kernels.triton_moe import MoeInputs
 
         p, M = self.problem, x.shape[0]
         cfg = self.side_config(M, side)
-        cache1 = torch.empty((M * p.top_k, 2 * p.N), dtype=self.dtype, device=x.device)
+        T = M * p.top_k
+        down_tma = bool(cfg.down.get("USE_TMA"))
+        bm = cfg.gate_up["BLOCK_SIZE_M"]
+        rows = T + (min(T, p.E + 1) * (bm - 1) if down_tma else 0)      # SGLang's padded_tokens
+        cache1 = torch.empty((rows, 2 * p.N), dtype=self.dtype, device=x.device)
         up = MoeInputs(p, "gate_up", M, [x], *up_w, cache1, [ids], [w], self.on_cpu)
-        self.fam.run(cfg.gate_up, up, 0)              # aligns with gate_up's BLOCK_SIZE_M (SGLang's op)
-        act = self.silu_and_mul(cache1)
+        self.fam.run(cfg.gate_up, up, 0, c_sorted=down_tma)   # aligns with gate_up's BLOCK_SIZE_M (SGLang's op)
         cache3 = torch.empty((M, p.top_k, p.K), dtype=self.dtype, device=x.device)
-        down = MoeInputs(p, "down", M, [act], *down_w, cache3, [ids], [w], self.on_cpu,
+        down = MoeInputs(p, "down", M, [cache1], *down_w, cache3, [ids], [w], self.on_cpu,
                          _aligned=up._aligned)     # BLOCK_SIZE_M is coupled: SGLang aligns once
-        self.fam.run(cfg.down, down, 0)
+        if down_tma:
+            act, scale = self.sorted_activation(cache1, self.fam.aligned(up, bm, 0), T, bm)
+            self.fam.run(cfg.down, down, 0, a_sorted=act, a_scale=scale)
+        else:
+            down.A = [self.silu_and_mul(cache1)]
+            self.fam.run(cfg.down, down, 0)
         return cache3.sum(dim=1)
+
+    def sorted_activation(self, cache1, aligned, valid: int, bm: int):
+        """SiLU-and-mul (and, for a block-FP8 down GEMM whose K is not one block, its per-token-group
+        quantization) of the rows the TMA down GEMM reads, as SGLang computes them with its row
+        filter. On the CPU every row is computed (the rows down skips are never read)."""
+        if self.on_cpu:
+            return self.silu_and_mul(cache1), None
+        import torch
+        from sglang.kernels.ops.activation.activation import silu_and_mul
+
+        sorted_ids, expert_ids, ntp = aligned
+        out = torch.empty((cache1.shape[0], cache1.shape[1] // 2), dtype=cache1.dtype, device=cache1.device)
+        silu_and_mul(cache1, out, expert_ids=expert_ids, expert_step=bm, sorted_token_ids=sorted_ids,
+                     num_tokens_post_padded=ntp, num_valid_tokens=valid)
+        block = self.problem.block_shape
+        if block is None or out.shape[-1] == block[1]:
+            return out, None            # the down call quantizes it itself (SGLang's condition)
+        from sglang.kernels.ops.quantization.per_token_group_quant import per_token_group_quant
+
+        return per_token_group_quant(out, group_size=block[1], sorted_token_ids=sorted_ids,
+                                     num_tokens_post_padded=ntp, num_valid_tokens=valid)
 
     def check_sides(self, up_w, down_w, x, ids, w) -> dict:
         """Every side's layer against the float32 reference of the same layer (the moe_* families'
