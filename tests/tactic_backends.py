@@ -34,9 +34,9 @@ class FakeRunner(Runner):
     def tactics(self, inputs):
         return [-1, 0, 1, 2, 3] + ([4] if inputs.M == 64 else [])
 
-    def cache_entry(self, problem, M, tactic):
+    def cache_entries(self, problem, M, tactic):
         from autotune.export.flashinfer import CacheEntry
-        return CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)
+        return [CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)]
 
 
 @dataclass(frozen=True)

@@ -456,14 +456,14 @@ def test_bmm_fp8_tactic_pins_under_flashinfers_own_key(runners, m):
     from autotune.kernels.fp8_gemm.flashinfer_cudnn import RUNNER
 
     problem = SimpleNamespace(N=N, K=K)
-    ours = RUNNER.cache_entry(problem, m, [3, []])            # the tactic as the study stores it (JSON)
+    [ours] = RUNNER.cache_entries(problem, m, [3, []])        # the tactic as the study stores it (JSON)
     r = runners["cudnn_fp8"]
     inputs = bmm_fp8_inputs(m)
     key = AutoTuner._get_cache_key(BMM_FP8, r, sizes(inputs), tuning_config_for(BMM_FP8),
                                    r.get_cache_key_extras(inputs))
     assert ours.file_key == key.file_key
     assert ours.runner == type(r).__name__ and ours.tactic == (3, ())
-    assert RUNNER.cache_entry(problem, 24, [3, []]) is None
+    assert RUNNER.cache_entries(problem, 24, [3, []]) == []
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "cutlass"])
@@ -475,9 +475,74 @@ def test_mm_fp4_tactic_pins_under_flashinfers_own_key(runners, backend, m):
 
     ours_runner = importlib.import_module(f"autotune.kernels.fp4_gemm.{backend}").RUNNER
     tactic = [3, []] if backend == "cudnn" else 5
-    ours = ours_runner.cache_entry(SimpleNamespace(N=N, K=K), m, tactic)
+    [ours] = ours_runner.cache_entries(SimpleNamespace(N=N, K=K), m, tactic)
     fi = runners["cudnn_fp4"] if backend == "cudnn" else CutlassFp4GemmRunner()
     inputs = mm_fp4_inputs(m)
     key = AutoTuner._get_cache_key(MM_FP4, fi, sizes(inputs), tuning_config_for(MM_FP4), fi.get_cache_key_extras(inputs))
     assert ours.file_key == key.file_key and ours.runner == type(fi).__name__
     assert ours.policy == AutoTuner._profiling_policy(tuning_config_for(MM_FP4))    # cold L2 + graphs: kept
+
+
+def _sglang_moe_runner(weight_dtype, top_k, tp_size, ep_size):
+    """The MoERunner cutlass_fused_moe builds for SGLang's flashinfer_cutlass call (its JIT module
+    mocked: the key code never reaches it), with the arguments SGLang passes."""
+    from flashinfer.fused_moe import core
+    from flashinfer.fused_moe.core import ActivationType
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(core, "gen_cutlass_fused_moe_sm100_module", lambda use_fast_build=False: MagicMock())
+    core.get_cutlass_fused_moe_module.cache_clear()
+    try:
+        return core.get_cutlass_fused_moe_module("100").MoERunner(
+            x_dtype=torch.bfloat16, weight_dtype=weight_dtype, output_dtype=torch.bfloat16, top_k=top_k,
+            tp_size=tp_size, tp_rank=0, ep_size=ep_size, ep_rank=0, cluster_size=1, cluster_rank=0,
+            enable_alltoall=False, use_deepseek_fp8_block_scale=False, use_w4_group_scaling=False,
+            use_mxfp8_act_scaling=False, min_latency_mode=False, enable_pdl=True,
+            activation_type=ActivationType.Swiglu, use_packed_weights=False,
+            use_fused_finalize=False,          # SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, default off
+            use_wfp4afp8_humming=False)
+    finally:
+        core.get_cutlass_fused_moe_module.cache_clear()
+        mp.undo()
+
+
+@pytest.mark.parametrize("family,m", [("moe_bf16", 1), ("moe_bf16", 64), ("moe_fp4", 8), ("moe_fp4", 512)])
+def test_cutlass_moe_pair_pins_gemm1_and_gemm2_under_flashinfers_own_keys(family, m, monkeypatch, request):
+    """A winning [gemm1, gemm2] profile pair becomes two entries, keyed as FlashInfer's MoERunner
+    keys the two choose_one calls of cutlass_fused_moe for SGLang's operands (bf16 activations,
+    bf16 or int64-packed NVFP4 weights), once per (moe TP, moe EP) the problem is served at; a part
+    left at -1 is pinned at -1; SGLang's unselectable FP8 variant writes nothing."""
+    from autotune.kernels.moe_backends.flashinfer_cutlass import GEMM_OPS, RUNNERS
+    from autotune.models import Problem
+
+    from flashinfer.fused_moe import core
+
+    monkeypatch.setattr(core, "gen_cutlass_fused_moe_sm100_module", lambda use_fast_build=False: MagicMock())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))   # as on a B200
+    core.get_cutlass_fused_moe_module.cache_clear()
+    request.addfinalizer(core.get_cutlass_fused_moe_module.cache_clear)      # no mocked module left behind
+    runner = next(r for r in RUNNERS if r.family == family)
+    problem = Problem(512, 128, 4096, 10, "bf16" if family == "moe_bf16" else "nvfp4",
+                      sources=(("qwen3.5-397b-a17b", 8, 1, "main"), ("other", 4, 2, "main")))
+    entries = runner.cache_entries(problem, m, [7, -1])
+    assert len(entries) == 4
+    wdtype = torch.bfloat16 if family == "moe_bf16" else torch.int64
+    K, N, E = 4096, 128, 512
+    w1, w2 = ((E, 2 * N, K), (E, K, N)) if family == "moe_bf16" else ((E, 2 * N, K // 16), (E, K, N // 16))
+    inputs = [meta(m, K, dtype=torch.bfloat16), meta(*w1, dtype=wdtype), None, meta(*w2, dtype=wdtype), None]
+    cfg = tuning_config_for(CUTLASS_MOE_GEMM1, tune_max_num_tokens=8192)
+    want = []
+    for tp, ep in ((2, 2), (8, 1)):                    # moe_tp = tp / ep
+        fi = _sglang_moe_runner(wdtype, 10, tp, ep)
+        for op in GEMM_OPS:
+            want.append(AutoTuner._get_cache_key(op, fi, sizes(inputs), cfg, fi.get_cache_key_extras(inputs)).file_key)
+    assert sorted(e.file_key for e in entries) == sorted(want)
+    assert sorted(e.tactic for e in entries) == [-1, -1, 7, 7]
+    assert runner.cache_entries(problem, 24, [7, -1]) == []        # 24 is served by its bucket's entry
+    fp8 = next(r for r in RUNNERS if r.family == "moe_fp8")
+    assert fp8.cache_entries(replace_dtype(problem, "fp8_w8a8_block"), m, [7, 3]) == []
+
+
+def replace_dtype(problem, dtype):
+    from dataclasses import replace
+    return replace(problem, dtype=dtype)

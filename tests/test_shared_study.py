@@ -184,8 +184,11 @@ def last_trial_running(study, budget):
         GROUP BY s.study_name
         HAVING SUM(CASE WHEN t.state = 'RUNNING' AND NOT {asked} THEN 1 ELSE 0 END) = 1
            AND SUM(CASE WHEN t.state = 'COMPLETE' AND {asked} THEN 1 ELSE 0 END) = :asked""")
-    with _engine().connect() as c:
-        row = c.execute(q, {"name": f"triton_moe|{study}~replay|%", "asked": budget - 1}).first()
+    try:
+        with _engine().connect() as c:
+            row = c.execute(q, {"name": f"triton_moe|{study}~replay|%", "asked": budget - 1}).first()
+    except sqlalchemy.exc.ProgrammingError:     # a fresh database: the worker has not made Optuna's tables yet
+        return None
     return row[0] if row else None
 
 

@@ -46,9 +46,7 @@ def cache_entries_of(family, chosen: Iterable[tuple]) -> list:
             if tactic == -1:
                 continue
             r = family.runner(c.config["backend"])
-            entry = r.cache_entry(problem, M, tactic) if hasattr(r, "cache_entry") else None
-            if entry is not None:
-                entries.append(entry)
+            entries.extend(r.cache_entries(problem, M, tactic) if hasattr(r, "cache_entries") else [])
     return entries
 
 

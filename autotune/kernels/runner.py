@@ -58,10 +58,11 @@ class Runner:
         """("op::RunnerClass", tactic) pairs under which FlashInfer's blocklist names this tactic."""
         return [(f"{self.flashinfer_op}::{self.flashinfer_runner}", tactic)] if self.flashinfer_op else []
 
-    def cache_entry(self, problem, M: int, tactic):
-        """FlashInfer's autotune cache entry pinning `tactic` for this problem at M (an
-        autotune.export.flashinfer.CacheEntry), or None where FlashInfer keeps no entry for it."""
-        return None
+    def cache_entries(self, problem, M: int, tactic) -> list:
+        """FlashInfer's autotune cache entries pinning `tactic` for this problem at M
+        (autotune.export.flashinfer.CacheEntry; one per op the tactic names), [] where FlashInfer
+        keeps no entry for it."""
+        return []
 
     def run(self, inputs, routing: int, tactic: int = -1):
         """Launch once on routing set `routing`; returns the output tensor (and sets inputs.C)."""

@@ -99,9 +99,9 @@ class MmFp4(Runner):
         offered = self._flashinfer_runner(inputs).get_valid_tactics(ops, None)
         return [-1] + [_tactic_to_json(t) for t in offered]
 
-    def cache_entry(self, problem, M: int, tactic):
+    def cache_entries(self, problem, M: int, tactic) -> list:
         """The entry FlashInfer's fp4_gemm would store at M for the operands SGLang's NVFP4 linear
-        passes (FlashInfer's own bucketing and key code); None where M is not its own bucket."""
+        passes (FlashInfer's own bucketing and key code); none where M is not its own bucket."""
         import torch
         from flashinfer.autotuner import AutoTuner, _json_to_tactic
         from flashinfer.gemm import gemm_base as g
@@ -110,7 +110,7 @@ class MmFp4(Runner):
 
         cfg = g._MM_FP4_TUNING_CONFIG_128x4
         if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
-            return None
+            return []
         N, K = problem.N, problem.K
 
         def meta(*shape, dtype=torch.uint8):
@@ -120,8 +120,8 @@ class MmFp4(Runner):
                meta(g.DEFAULT_WORKSPACE_SIZE)]
         # The cuDNN runner keys on what picks its graph (its get_cache_key_extras); the others on shapes only.
         extras = (torch.bfloat16, 16, True, True) if self.backend == "cudnn" else ()
-        return CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, AutoTuner.get()._get_input_sizes(ops),
-                                    cfg, _json_to_tactic(tactic), extras)
+        return [CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner,
+                                     AutoTuner.get()._get_input_sizes(ops), cfg, _json_to_tactic(tactic), extras)]
 
     def run(self, inputs: Fp4Inputs, routing: int, tactic=-1):
         import torch

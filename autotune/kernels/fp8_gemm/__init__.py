@@ -134,10 +134,10 @@ class BmmFp8(Runner):
         offered = self._flashinfer_runner(inputs).get_valid_tactics(self._operands(inputs, 0), None)
         return [-1] + [_tactic_to_json(t) for t in offered]
 
-    def cache_entry(self, problem, M: int, tactic):
+    def cache_entries(self, problem, M: int, tactic) -> list:
         """The entry FlashInfer's fp8_gemm would store for bmm_fp8 at M, from the shapes and dtypes
-        of the operands `_operands` builds (FlashInfer's own bucketing and key code). None where M
-        is not a bucket of its own: a batch between buckets is served by its bucket's entry."""
+        of the operands `_operands` builds (FlashInfer's own bucketing and key code). None where M is
+        not a bucket of its own: a batch between buckets is served by its bucket's entry."""
         import torch
         from flashinfer.autotuner import _json_to_tactic
         from flashinfer.gemm import gemm_base as g
@@ -146,12 +146,12 @@ class BmmFp8(Runner):
 
         cfg = g._FP8_GEMM_SM100_TUNING_CONFIG
         if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
-            return None
+            return []
         N, K = problem.N, problem.K
         shapes = [(1, M, K), (1, K, N), (), (), (1, M, N), (g.DEFAULT_WORKSPACE_SIZE,)]
         dtypes = (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16)   # get_cache_key_extras
-        return CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, shapes, cfg,
-                                    _json_to_tactic(tactic), dtypes)
+        return [CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, shapes, cfg,
+                                     _json_to_tactic(tactic), dtypes)]
 
     def run(self, inputs: GemmInputs, routing: int, tactic=-1):
         import flashinfer

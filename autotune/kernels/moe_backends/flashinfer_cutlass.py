@@ -13,6 +13,15 @@ from . import MoeLayerInputs, fc1_up_gate, set_output
 GEMM_OPS = ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2")
 
 
+def sglang_fused_finalize() -> bool:
+    """What SGLang passes as cutlass_fused_moe's use_fused_finalize (False unless
+    SGLANG_FLASHINFER_MOE_FUSED_FINALIZE is set; FlashInfer's own default is True)."""
+    from sglang.srt.environ import envs
+
+    flag = getattr(envs, "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", None)
+    return True if flag is None else bool(flag.get())     # a release without the flag passes nothing
+
+
 @dataclass(frozen=True)
 class CutlassMoe(Runner):
     deepseek_fp8: bool = False          # use_deepseek_fp8_block_scale
@@ -22,22 +31,31 @@ class CutlassMoe(Runner):
         raise NotImplementedError
 
     def _moe_runner(self, inputs: MoeLayerInputs):
-        """The MoERunner cutlass_fused_moe builds for this call (same arguments as its defaults)."""
+        """The MoERunner cutlass_fused_moe builds for this call."""
         import torch
-        from flashinfer.fused_moe.core import ActivationType, get_cutlass_fused_moe_module
-        from flashinfer.utils import device_support_pdl
 
         if "moe_runner" not in inputs.cache:
             x, fc1, _, _, _ = self._operands(inputs, 0)
             major, minor = torch.cuda.get_device_capability(x.device)
-            inputs.cache["moe_runner"] = get_cutlass_fused_moe_module(f"{major * 10 + minor}").MoERunner(
-                x_dtype=x.dtype, weight_dtype=fc1.dtype, output_dtype=torch.bfloat16,
-                top_k=inputs.topk_ids[0].size(1), tp_size=1, tp_rank=0, ep_size=1, ep_rank=0, cluster_size=1,
-                cluster_rank=0, enable_alltoall=False, use_deepseek_fp8_block_scale=self.deepseek_fp8,
-                use_w4_group_scaling=False, use_mxfp8_act_scaling=False, min_latency_mode=False,
-                enable_pdl=device_support_pdl(x.device), activation_type=ActivationType.Swiglu,
-                use_packed_weights=False, use_fused_finalize=True, use_wfp4afp8_humming=False)
+            inputs.cache["moe_runner"] = self.flashinfer_moe_runner(
+                major * 10 + minor, x.dtype, fc1.dtype, inputs.topk_ids[0].size(1))
         return inputs.cache["moe_runner"]
+
+    def flashinfer_moe_runner(self, sm: int, x_dtype, weight_dtype, top_k: int, tp_size: int = 1, ep_size: int = 1):
+        """FlashInfer's MoERunner as cutlass_fused_moe builds it for SGLang's call (rank 0):
+        SGLang's moe_runner/flashinfer_cutlass.py passes its moe TP and EP sizes and
+        use_fused_finalize from SGLANG_FLASHINFER_MOE_FUSED_FINALIZE; the rest are FlashInfer's
+        defaults. Its get_cache_key_extras names the cache key."""
+        import torch
+        from flashinfer.fused_moe.core import ActivationType, get_cutlass_fused_moe_module
+
+        return get_cutlass_fused_moe_module(f"{sm}").MoERunner(
+            x_dtype=x_dtype, weight_dtype=weight_dtype, output_dtype=torch.bfloat16, top_k=top_k,
+            tp_size=tp_size, tp_rank=0, ep_size=ep_size, ep_rank=0, cluster_size=1, cluster_rank=0,
+            enable_alltoall=False, use_deepseek_fp8_block_scale=self.deepseek_fp8, use_w4_group_scaling=False,
+            use_mxfp8_act_scaling=False, min_latency_mode=False, enable_pdl=sm >= 90,
+            activation_type=ActivationType.Swiglu, use_packed_weights=False,
+            use_fused_finalize=sglang_fused_finalize(), use_wfp4afp8_humming=False)
 
     def tactics(self, inputs: MoeLayerInputs) -> list:
         x, fc1, fc2, _, _ = self._operands(inputs, 0)
@@ -50,6 +68,38 @@ class CutlassMoe(Runner):
                     pair = [-1, -1]
                     pair[axis] = int(t)
                     out.append(pair)
+        return out
+
+    def _key_operands(self, problem, M: int) -> tuple[list, object, object]:
+        """(shapes of choose_one's inputs [input, fc1, fc1 bias, fc2, fc2 bias], x dtype, weight dtype)
+        as SGLang's flashinfer_cutlass runner passes them (moe_runner/flashinfer_cutlass.py), built
+        from the problem alone (no weights needed to name a key)."""
+        raise NotImplementedError(f"{self.family}: SGLang does not run this cutlass_fused_moe variant")
+
+    def cache_entries(self, problem, M: int, tactic) -> list:
+        """FlashInfer's entries for gemm1 and gemm2 of this pair at bucket M, one pair per (TP, EP)
+        the problem is served at: SGLang passes moe_tp_size and moe_ep_size, and MoERunner puts them
+        in its key (get_cache_key_extras), with the dtypes, top-k and activation. A part left at -1
+        is pinned at -1 too, so start-up tuning does not pick an unchecked profile for it. None for
+        a variant SGLang cannot select (its key would never be asked for) or M not a bucket."""
+        import torch
+
+        from ...export.flashinfer import CacheEntry, tuning_config_for
+
+        if tactic == -1 or self.sglang_value is None:
+            return []
+        # SGLang passes tune_max_num_tokens = min(prefill tokens x attention DP, 8192): 8192 by default.
+        cfg = tuning_config_for(GEMM_OPS[0], tune_max_num_tokens=8192)
+        if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
+            return []
+        shapes, x_dtype, w_dtype = self._key_operands(problem, M)
+        major, minor = torch.cuda.get_device_capability()        # the GPU the run measured on
+        out = []
+        for moe_tp, moe_ep in sorted({(tp // ep, ep) for _, tp, ep, *_ in problem.sources} or {(1, 1)}):
+            runner = self.flashinfer_moe_runner(major * 10 + minor, x_dtype, w_dtype, problem.top_k, moe_tp, moe_ep)
+            extras = runner.get_cache_key_extras(None)
+            out += [CacheEntry.from_call(op, type(runner).__name__, shapes, cfg, int(t), extras)
+                    for op, t in zip(GEMM_OPS, tactic)]
         return out
 
     def blocklist_keys(self, tactic) -> list[tuple[str, object]]:
@@ -65,6 +115,7 @@ class CutlassMoe(Runner):
         from flashinfer.fused_moe import cutlass_fused_moe
 
         x, fc1, fc2, scales, extra = self._operands(inputs, routing)
+        extra = {**extra, "use_fused_finalize": sglang_fused_finalize()}     # as SGLang calls it
         if tactic != -1:
             extra = {**extra, "profile_ids": [int(t) for t in tactic]}
         out = cutlass_fused_moe(x, inputs.topk_ids[routing], inputs.topk_weights[routing], fc1, fc2,
@@ -76,6 +127,10 @@ class CutlassMoe(Runner):
 class CutlassMoeBf16(CutlassMoe):
     def _operands(self, inputs, routing):
         return inputs.x[routing], fc1_up_gate(inputs, inputs.w13, inputs.problem.N), inputs.w2, [], {}
+
+    def _key_operands(self, p, M):
+        import torch
+        return [(M, p.K), (p.E, 2 * p.N, p.K), (0,), (p.E, p.K, p.N), (0,)], torch.bfloat16, torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -107,6 +162,13 @@ class CutlassMoeFp4(CutlassMoe):
             inputs.cache[key] = torch.empty((inputs.M, p.K), dtype=torch.bfloat16, device=x.device)
         return (x, s["fc1"].view(torch.long), inputs.w2.contiguous().view(torch.long), scales,
                 {"output": inputs.cache[key]})
+
+    def _key_operands(self, p, M):
+        """bf16 activations (SGLang quantizes them first only for its DP all-gather path, not keyed
+        here); e2m1 weights packed two per byte, passed as int64 (16 per element), as SGLang does."""
+        import torch
+        return ([(M, p.K), (p.E, 2 * p.N, p.K // 16), (0,), (p.E, p.K, p.N // 16), (0,)],
+                torch.bfloat16, torch.int64)
 
 
 RUNNERS = (
