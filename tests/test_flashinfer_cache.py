@@ -546,3 +546,44 @@ def test_cutlass_moe_pair_pins_gemm1_and_gemm2_under_flashinfers_own_keys(family
 def replace_dtype(problem, dtype):
     from dataclasses import replace
     return replace(problem, dtype=dtype)
+
+
+@pytest.mark.parametrize("m", [1, 8, 128])
+def test_sm120_b12x_tactics_are_listed_keyed_and_blocklisted_as_flashinfer_does(m, monkeypatch, tmp_path):
+    """SM120's b12x NVFP4 GEMM without an SM120 GPU: autotune's runner lists the tactics FlashInfer's
+    own B12xFp4GemmRunner offers for Qwen3.5-397B's TP8 QKV shape (its can_implement checks run on
+    the CPU; the SM count is the RTX PRO 6000's 188), in JSON form the study stores; each one's cache
+    entry is FlashInfer's key, and a blocklisted one is dropped by FlashInfer's own filter."""
+    from flashinfer.autotuner import _json_to_tactic
+    from flashinfer.gemm import gemm_base as gb
+    from flashinfer.tactics_blocklist import TacticsBlocklist
+
+    from autotune.export import tactics as tactic_files
+    from autotune.kernels.fp4_gemm import Fp4Inputs
+    from autotune.kernels.fp4_gemm.b12x import RUNNER
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.setattr(gb, "get_device_sm_count", lambda device: 188)
+    n, k = 2560, 4096
+    problem = SimpleNamespace(N=n, K=k)
+    f32 = dict(dtype=torch.float32)
+    a = (meta(m, k // 2), meta(-(-m // 128) * 128, k // 16), meta(**f32))      # packed e2m1, swizzled scales
+    b = (meta(n, k // 2), meta(n, k // 16), meta(**f32))
+    inputs = Fp4Inputs(problem, m, [a], [b])
+    listed = RUNNER.tactics(inputs)
+    fi = gb._b12x_gemm_fp4_runner(12, 0, True, torch.bfloat16, True)
+    theirs = fi.get_valid_tactics(RUNNER._operands(inputs, 0), None)
+    assert listed[0] == -1 and [_json_to_tactic(t) for t in listed[1:]] == theirs and len(theirs) >= 8
+    assert json.loads(json.dumps(listed)) == listed                             # what the study stores
+    for t in listed[1:]:
+        [e] = RUNNER.cache_entries(problem, m, t)
+        key = AutoTuner._get_cache_key(MM_FP4, fi, sizes(RUNNER._operands(inputs, 0)), tuning_config_for(MM_FP4),
+                                       fi.get_cache_key_extras(RUNNER._operands(inputs, 0)))
+        assert e.file_key == key.file_key and e.tactic == _json_to_tactic(t)
+    [(key, bad)] = RUNNER.blocklist_keys(listed[3])                              # "fp4_gemm::B12xFp4GemmRunner"
+    path = tmp_path / tactic_files.BLOCKLIST_FILE
+    tactic_files.write_blocklist(path, {key: [bad]}, tactic_files.blocklist_metadata("*"))
+    bl = TacticsBlocklist()
+    assert bl.load(str(path))
+    kept = bl.filter(MM_FP4, fi, theirs)
+    assert _json_to_tactic(bad) not in kept and len(kept) == len(theirs) - 1
