@@ -385,6 +385,7 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
 
     p, settings = tuner.problem, tuner.settings
     choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    layer = _confirm_by_layer(p, choices, device)
     trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
     run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
                 "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
@@ -392,7 +393,8 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
                 "wall_seconds": round(time.monotonic() - t0, 1),
                 "storage": safe_url(args.storage or "sqlite:///autotune.db"),
                 "warm_start": getattr(args, "warm_start", None), "warm_start_configs": tuner.warm_queued,
-                "per_M": {M: {"trials": n, "failed": f} for M, (n, f) in trials.items()}}
+                "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
+                          for M, (n, f) in trials.items()}}
     try:
         summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
     except ExportError as e:
@@ -407,6 +409,27 @@ def _select_and_export(args, tuner, device, clock, t0) -> None:
     for M, why in summary["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(summary["files"]))
+
+
+def _confirm_by_layer(problem, choices, device) -> dict:
+    """On a GPU: each M's pick against SGLang's shipped and default pairs, timed as SGLang runs the
+    layer (autotune.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
+    layer to time: its picks stand on the recorded per-GEMM times, and it says so."""
+    from .confirm import confirm_by_layer
+    from .validate import HarnessError
+
+    if device.kind != "gpu":
+        return {}
+    try:
+        layer = confirm_by_layer(problem, choices, device)
+    except HarnessError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
+        print(f"  layer check of {problem.key} not done: {e}")
+        return {}
+    for M, rec in sorted(layer.items()):
+        if "switched_to" in rec:
+            print(f"  M={M}: SGLang's {rec['switched_to']} pair is {rec['margin']:.1%} faster than the pick as "
+                  f"SGLang runs the layer (spread {rec['spread']:.1%}): written instead")
+    return layer
 
 
 def _record(path, device, problem, measurements, careful=()) -> None:
