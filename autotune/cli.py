@@ -161,6 +161,7 @@ def _check_runnable(family, space, problem, gemm, device) -> None:
 
 
 def cmd_run(args) -> int:
+    from .cli_triton import run_triton_moe, sku_names
     from .plan import PlanError, parse_kernels
 
     budget = _parse_duration(args.budget) if args.budget else None
@@ -193,7 +194,7 @@ def cmd_run(args) -> int:
         print(f"nothing drifted in {args.only_drifted}: every file fits this machine and SGLang "
               f"{', '.join(_targets(args))}; nothing to re-tune")
         return 0
-    _sku_names(args, device)
+    sku_names(args, device)
     _check_record_device(args.record, device)
     from .scope import scope
     for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache).lines:
@@ -229,7 +230,7 @@ def cmd_run(args) -> int:
         dev_name = run_name
         for fp in plans:
             if fp.name == "triton_moe" and fp.problems:
-                _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
+                run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
         backend_plans = [fp for fp in plans if fp.name != "triton_moe" and fp.problems]
         if backend_plans:
             from .cli_backends import run_backend_choice
@@ -309,59 +310,6 @@ def _warm_start(args):
     return args._warm
 
 
-def _run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
-    from tqdm import tqdm
-
-    from .study import ProblemTuner
-
-    family = fp.family
-    settings = _triton_settings(args, budget)
-    for p in fp.problems:
-        t0 = time.monotonic()
-        with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                  desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
-            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
-                                 study_device=dev_name)
-            bar.update(sum(s.asked for s in tuner.slots.values()))
-            tuner.measure_baselines()
-            tuner.search()
-        _select_and_export(args, tuner, device, clock, t0)
-        if args.record:
-            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
-                    careful=tuner.careful.values())
-    _overlay(args, device, family)
-
-
-def _sku_names(args, device) -> tuple[str, ...]:
-    """--device-name values, checked before anything is measured."""
-    from .export.skus import SkuError, check_name, same_chip
-
-    names = []
-    for raw in getattr(args, "device_name", None) or ():
-        try:
-            name = check_name(raw)
-        except SkuError as e:
-            raise UsageError(str(e)) from None
-        if same_chip(device.name, name) is False:
-            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
-                             "measured there")
-        names.append(name)
-    return tuple(names)
-
-
-def _overlay(args, device, family) -> None:
-    from .export.overlay import overlay_shipped
-    from .export.skus import copy_for_skus
-
-    folder = Path(args.out) / device.file_name
-    skus = _sku_names(args, device)
-    for path in copy_for_skus(folder, device.name, list(skus)):
-        print(f"  wrote {path} (same configs, for another SKU)")
-    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
-    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
-          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
-
-
 def _summary(args) -> dict:
     """What the run did, for --json (written once at its end)."""
     if not hasattr(args, "_summary"):
@@ -375,61 +323,6 @@ def _write_summary(args, device) -> None:
         write_json(args.json, {**_summary(args), "device": device.name, "replay": device.is_replay,
                                "out": str(Path(args.out) / device.file_name)})
         print(f"wrote {args.json} (summary of the run)")
-
-
-def _select_and_export(args, tuner, device, clock, t0) -> None:
-    from .export.sglang import ExportError, export_problem
-    from .report import format_table, problem_table, table_records
-    from .select import select_problem
-    from .study import safe_url
-
-    p, settings = tuner.problem, tuner.settings
-    choices = select_problem(tuner, settings.top, settings.careful_repeats)
-    layer = _confirm_by_layer(p, choices, device)
-    trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
-    run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
-                "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
-                "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
-                "wall_seconds": round(time.monotonic() - t0, 1),
-                "storage": safe_url(args.storage or "sqlite:///autotune.db"),
-                "warm_start": getattr(args, "warm_start", None), "warm_start_configs": tuner.warm_queued,
-                "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
-                          for M, (n, f) in trials.items()}}
-    try:
-        summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
-    except ExportError as e:
-        raise UsageError(str(e))
-    print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
-          f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
-    table = problem_table(choices, trials)
-    print(format_table(table))
-    _summary(args).setdefault("triton_moe", []).append(
-        {"problem": p.key, "per_M": table_records(table), "files": summary["files"], "kept": summary["kept"],
-         "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
-    for M, why in summary["kept"].items():
-        print(f"  M={M}: kept the existing config ({why})")
-    print("  wrote " + "\n  wrote ".join(summary["files"]))
-
-
-def _confirm_by_layer(problem, choices, device) -> dict:
-    """On a GPU: each M's pick against SGLang's shipped and default pairs, timed as SGLang runs the
-    layer (autotune.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
-    layer to time: its picks stand on the recorded per-GEMM times, and it says so."""
-    from .confirm import confirm_by_layer
-    from .validate import HarnessError
-
-    if device.kind != "gpu":
-        return {}
-    try:
-        layer = confirm_by_layer(problem, choices, device)
-    except HarnessError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
-        print(f"  layer check of {problem.key} not done: {e}")
-        return {}
-    for M, rec in sorted(layer.items()):
-        if "switched_to" in rec:
-            print(f"  M={M}: SGLang's {rec['switched_to']} pair is {rec['margin']:.1%} faster than the pick as "
-                  f"SGLang runs the layer (spread {rec['spread']:.1%}): written instead")
-    return layer
 
 
 def _record(path, device, problem, measurements, careful=()) -> None:
@@ -483,13 +376,14 @@ def cmd_worker(args) -> int:
 def cmd_export(args) -> int:
     """Select per M (top candidates re-measured on this device or replay) and write the files,
     from a shared study. Refuses a study short of its trials unless --partial."""
+    from .cli_triton import overlay, select_and_export, sku_names
     from .study import Clock, ProblemTuner
 
     if args.out is None:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
-    _sku_names(args, device)
+    sku_names(args, device)
     run_name = _run_name(args, device)
     storage = _storage(args, device, run_name)
     settings = _triton_settings(args, None)
@@ -504,8 +398,8 @@ def cmd_export(args) -> int:
                 raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
                                  f"trials); nothing exported (--partial exports it anyway)")
             tuner.measure_baselines()
-            _select_and_export(args, tuner, device, clock, t0)
-        _overlay(args, device, plans[0].family)
+            select_and_export(args, tuner, device, clock, t0)
+        overlay(args, device, plans[0].family)
     return 0
 
 

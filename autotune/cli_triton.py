@@ -1,0 +1,119 @@
+"""`autotune run`'s (and `export`'s) Triton fused-MoE step: search each problem, select per M,
+confirm the picks as SGLang runs the layer (on a GPU), write SGLang's files, then lay SGLang's
+shipped files and the other SKU names beside them."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .cli import _no_bar, _record, _summary, _triton_settings
+from .cli_common import UsageError
+
+
+def run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
+    from tqdm import tqdm
+
+    from .study import ProblemTuner
+
+    family = fp.family
+    settings = _triton_settings(args, budget)
+    for p in fp.problems:
+        t0 = time.monotonic()
+        with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
+                  desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
+            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
+                                 study_device=dev_name)
+            bar.update(sum(s.asked for s in tuner.slots.values()))
+            tuner.measure_baselines()
+            tuner.search()
+        select_and_export(args, tuner, device, clock, t0)
+        if args.record:
+            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
+                    careful=tuner.careful.values())
+    overlay(args, device, family)
+
+
+def sku_names(args, device) -> tuple[str, ...]:
+    """--device-name values, checked before anything is measured."""
+    from .export.skus import SkuError, check_name, same_chip
+
+    names = []
+    for raw in getattr(args, "device_name", None) or ():
+        try:
+            name = check_name(raw)
+        except SkuError as e:
+            raise UsageError(str(e)) from None
+        if same_chip(device.name, name) is False:
+            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
+                             "measured there")
+        names.append(name)
+    return tuple(names)
+
+
+def overlay(args, device, family) -> None:
+    from .export.overlay import overlay_shipped
+    from .export.skus import copy_for_skus
+
+    folder = Path(args.out) / device.file_name
+    skus = sku_names(args, device)
+    for path in copy_for_skus(folder, device.name, list(skus)):
+        print(f"  wrote {path} (same configs, for another SKU)")
+    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
+    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
+          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
+
+
+def select_and_export(args, tuner, device, clock, t0) -> None:
+    from .export.sglang import ExportError, export_problem
+    from .report import format_table, problem_table, table_records
+    from .select import select_problem
+    from .study import safe_url
+
+    p, settings = tuner.problem, tuner.settings
+    choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    layer = _confirm_by_layer(p, choices, device)
+    trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
+    run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
+                "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
+                "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
+                "wall_seconds": round(time.monotonic() - t0, 1),
+                "storage": safe_url(args.storage or "sqlite:///autotune.db"),
+                "warm_start": getattr(args, "warm_start", None), "warm_start_configs": tuner.warm_queued,
+                "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
+                          for M, (n, f) in trials.items()}}
+    try:
+        summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
+    except ExportError as e:
+        raise UsageError(str(e))
+    print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
+          f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
+    table = problem_table(choices, trials)
+    print(format_table(table))
+    _summary(args).setdefault("triton_moe", []).append(
+        {"problem": p.key, "per_M": table_records(table), "files": summary["files"], "kept": summary["kept"],
+         "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
+    for M, why in summary["kept"].items():
+        print(f"  M={M}: kept the existing config ({why})")
+    print("  wrote " + "\n  wrote ".join(summary["files"]))
+
+
+def _confirm_by_layer(problem, choices, device) -> dict:
+    """On a GPU: each M's pick against SGLang's shipped and default pairs, timed as SGLang runs the
+    layer (autotune.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
+    layer to time: its picks stand on the recorded per-GEMM times, and it says so."""
+    from .confirm import confirm_by_layer
+    from .validate import HarnessError
+
+    if device.kind != "gpu":
+        return {}
+    try:
+        layer = confirm_by_layer(problem, choices, device)
+    except HarnessError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
+        print(f"  layer check of {problem.key} not done: {e}")
+        return {}
+    for M, rec in sorted(layer.items()):
+        if "switched_to" in rec:
+            print(f"  M={M}: SGLang's {rec['switched_to']} pair is {rec['margin']:.1%} faster than the pick as "
+                  f"SGLang runs the layer (spread {rec['spread']:.1%}): written instead")
+    return layer
