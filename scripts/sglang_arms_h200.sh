@@ -7,22 +7,31 @@
 # Built here first: `bash scripts/make_sglang016_carry.sh` (-> .sglang016/carry, ~46 MiB, git-ignored).
 # Device call (see docs/VALIDATE.md):
 #   run(command="MODE=one_batch bash scripts/sglang_arms_h200.sh", carry=[".sglang016/carry", ".sglang016/cache"])
+# SGLANG=0.5.23: SGLang 0.5.23 instead (carry from scripts/make_sglang023_carry.sh -> .sglang023/carry, ~47 MiB;
+#   carry=[".sglang023/carry", ".sglang023/cache"]); one-batch module sglang.benchmark.one_batch, same flags.
 # MODE=one_batch: `python -m sglang.bench_one_batch` per arm and repeat (decode step latency per batch size:
 #                 SGLang's ModelRunner with CUDA graphs, no scheduler/HTTP).
 # MODE=server:    `python -m sglang.launch_server` per arm and repeat, measured by scripts/sglang_decode_probe.py
 #                 (decode tokens/s of a batch of requests through HTTP, scheduler included).
 # Env: REPS (3), REP_FROM (1: the first repeat's number), BS ("1 8 32 64 128 256"), ARMS ("default shipped tuned"), DTYPE (bf16 | fp8_block),
-#      TUNED (tuned_configs/sglang-0.5.16/NVIDIA_H200), LAYERS (60), DEADLINE (s, 570).
+#      TUNED (tuned_configs/sglang-0.5.16/NVIDIA_H200; 0.5.23: tuned_configs/NVIDIA_H200), LAYERS (60),
+#      DEADLINE (s, 570), SGLANG (0.5.16 | 0.5.23).
 # Everything lands in $OUT: runs.tgz (every log and result), summary.txt, the compile caches for the next call.
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel 2>/dev/null || pwd)"
 T0=$(date +%s); DEADLINE=${DEADLINE:-570}; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 MODE=${MODE:-one_batch}; REPS=${REPS:-3}; BS=${BS:-"1 8 32 64 128 256"}; ARMS=${ARMS:-"default shipped tuned"}
-DTYPE=${DTYPE:-bf16}; LAYERS=${LAYERS:-60}; TUNED=${TUNED:-tuned_configs/sglang-0.5.16/NVIDIA_H200}
+DTYPE=${DTYPE:-bf16}; LAYERS=${LAYERS:-60}; SGLANG=${SGLANG:-0.5.16}
+case $SGLANG in
+  0.5.16) D=.sglang016; BENCH=sglang.bench_one_batch; TUNED=${TUNED:-tuned_configs/sglang-0.5.16/NVIDIA_H200} ;;
+  # sglang-kernel 0.4.5 is carried instead of the pinned 0.4.10: skip SGLang's start-up kernel version check.
+  0.5.23) D=.sglang023; BENCH=sglang.benchmark.one_batch; TUNED=${TUNED:-tuned_configs/NVIDIA_H200}
+          export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 ;;
+  *) echo "SGLANG=$SGLANG: 0.5.16 or 0.5.23"; exit 2 ;;
+esac
 # An empty config folder SGLang can list (it reads $SGLANG_MOE_CONFIG_DIR/configs/): no file -> default config.
 RUNS=/tmp/arms_runs; mkdir -p $RUNS /tmp/moe_empty/configs
-D=.sglang016
 source $D/carry/setup.sh || { echo "setup failed rc=$?"; exit 3; }
 [ -f $D/cache/tvmffi_cache.tar.xz ] && mkdir -p ~/.cache && tar -xJf $D/cache/tvmffi_cache.tar.xz -C ~/.cache
 [ -f $D/cache/triton_cache.tar.xz ] && tar -xJf $D/cache/triton_cache.tar.xz -C /tmp
@@ -47,12 +56,12 @@ arm_env() {  # arm -> env assignments for `env`
 COMMON="--load-format dummy --attention-backend triton --sampling-backend pytorch --grammar-backend none --disable-radix-cache
   --mm-attention-backend triton_attn --disable-prefill-cuda-graph --cuda-graph-bs-decode $BS
   --mem-fraction-static 0.88 --log-level info"
-evidence() { grep -aE "MoE kernel config|MoE config|Fallback to triton|Config file not found|default MoE|Using default|max_total_num_tokens|Traceback|Error" "$1" | cut -c1-300 | uniq | head -8; }
+evidence() { grep -aE "MoE kernel config|MoE config|down_moe config|TreeCore|Fallback to triton|Config file not found|default MoE|Using default|max_total_num_tokens|Traceback|Error" "$1" | cut -c1-300 | uniq | head -8; }
 
 one_batch() {  # tag arm
   local tag=$1 arm=$2 s=$(date +%s) t=$(( $(left) - 10 ))
   if [ "$t" -lt 60 ]; then echo "== $tag: skipped, $(left)s left"; return 9; fi
-  env $(arm_env $arm) timeout -k 5 $t python3 -m sglang.bench_one_batch --model-path $MODEL $COMMON \
+  env $(arm_env $arm) timeout -k 5 $t python3 -m $BENCH --model-path $MODEL $COMMON \
       --batch-size $BS --input-len 256 --output-len 32 --run-name $tag --result-filename $RUNS/$tag.jsonl \
       > $RUNS/$tag.log 2>&1
   local rc=$?
