@@ -90,7 +90,6 @@ def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[s
 
 # Batch sizes re-timed per file (those the file holds): decode, mid and prefill.
 RETIME_MS = (1, 32, 256, 4096)
-MIN_EFFECT = 0.01
 
 
 def retime_sample(batch_sizes) -> list[int]:
@@ -104,10 +103,10 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
     of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_sides.time_sides)."""
     from .models import Problem, problem_from_dict
     from .validate import HarnessError
-    from .validate.moe_sides import MoeSides, time_sides
+    from .validate.moe_sides import MoeSides, time_sides, verdict
 
     timer = timer or time_sides
-    slow, lines = 0, []
+    slow, lines, timed, held = 0, [], 0, set()
     for name, entry in sorted(prov["files"].items()):
         problem = problem_from_dict(entry["problem"]) if isinstance(entry.get("problem"), dict) else None
         if not isinstance(problem, Problem):
@@ -118,19 +117,24 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
             lines.append(f"{name}: not re-timed: {e}")
             continue
         Ms = [M for M in batch_sizes if M in problem.batch_sizes] if batch_sizes else retime_sample(problem.batch_sizes)
+        if not Ms:
+            held.update(problem.batch_sizes)
+            lines.append(f"{name}: not re-timed: none of --batch-sizes is among its batch sizes")
+            continue
+        timed += 1
         for row in timer(sides, Ms, repeats):
-            t, M = row["tuned µs"], row["M"]
-            others = {"shipped": row["default µs"], "default": row["heuristic µs"]}
-            best = min(others, key=others.get)
-            noise = max(MIN_EFFECT, row["tuned spread"], row[f"{'default' if best == 'shipped' else 'heuristic'} spread"])
-            said = (f"{name} M={M}: tuned {t:.1f} µs, shipped {others['shipped']:.1f} µs "
-                    f"({row['default source']}), default {others['default']:.1f} µs")
-            if t > others[best] * (1 + noise):
+            t, v = row["tuned µs"], verdict(row)
+            said = (f"{name} M={row['M']}: tuned {t:.1f} µs, shipped {row['default µs']:.1f} µs "
+                    f"({row['default source']}), default {row['heuristic µs']:.1f} µs")
+            if v["slower"]:
                 slow += 1
-                lines.append(f"drift: {said}: slower than {best} by {t / others[best] - 1:.1%} (spread {noise:.1%}): "
-                             "re-tune this file")
+                lines.append(f"drift: {said}: slower than {v['name']} by {t / v['us'] - 1:.1%} "
+                             f"(spread {v['noise']:.1%}): re-tune this file")
             else:
-                lines.append(f"re-timed {said}: no slower than either (spread {noise:.1%})")
+                lines.append(f"re-timed {said}: no slower than either (spread {v['noise']:.1%})")
+    if batch_sizes and held and not timed:
+        raise CheckError(f"--batch-sizes {','.join(map(str, batch_sizes))}: no Triton MoE file of {folder} holds any of "
+                         f"them (they hold {','.join(map(str, sorted(held)))})")
     return slow, lines
 
 

@@ -5,28 +5,13 @@ alignment, gate_up, the activation, down, in its order (with TMA on down for blo
 writes its rows sorted and down reads them as they are), so the sum can rank two pairs differently
 from the layer. Here, per M, the layer (autotune.validate.moe_sides) is timed with the pick, SGLang's
 shipped pair and its default pair, each first checked against the float32 reference, in turns;
-where a baseline is faster than the pick beyond the measured spread, the baseline's pair is what
-gets written. The layer times and what was decided go to provenance (per_M[M]["layer"]).
+where a baseline is faster than the pick beyond the measured spread (moe_sides.verdict, the rule
+`autotune check` applies too), the baseline's pair is what gets written. The layer times and what
+was decided go to provenance (per_M[M]["layer"]).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from .validate.moe_sides import MoeSides, SideConfig, time_sides
-
-# The smallest difference ever acted on, whatever the spread says.
-MIN_EFFECT = 0.01
-# moe_sides' sides: "tuned" = the pick, "default" = what SGLang loads from its own folder (its shipped
-# file, else its default config), "heuristic" = SGLang's default config.
-BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
-
-
-class PairSides(MoeSides):
-    """MoeSides whose configs are given per M and side instead of read from folders."""
-
-    def __init__(self, problem, device, pairs: dict, **kw):
-        super().__init__(problem, device, Path("."), **kw)
-        self._sides = pairs
+from .validate.moe_sides import BASELINE_OF_SIDE, MoeSides, SideConfig, time_sides, verdict
 
 
 def baseline_rows(choice) -> dict:
@@ -56,18 +41,16 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
         for side, row in baselines[M].items():
             pairs[M, side] = SideConfig(row["gate_up"], row["down"], True, f"SGLang's {row['source']} pair")
     out = {}
-    for row in timer(PairSides(problem, device, pairs), Ms, repeats):
-        M, c = row["M"], choices[row["M"]]
-        t = row["tuned µs"]
-        best = min(BASELINE_OF_SIDE, key=lambda s: row[f"{s} µs"])
-        noise = max(MIN_EFFECT, row["tuned spread"], row[f"{best} spread"])
-        rec = {"us": {"pick": round(t, 3), **{BASELINE_OF_SIDE[s]: round(row[f"{s} µs"], 3) for s in BASELINE_OF_SIDE}},
-               "spread": round(noise, 4)}
-        src = baselines[M][best]
-        if t > row[f"{best} µs"] * (1 + noise) and (src["gate_up"], src["down"]) != (c.gate_up, c.down):
+    for row in timer(MoeSides(problem, device, ".", configs=pairs), Ms, repeats):
+        M, c, v = row["M"], choices[row["M"]], verdict(row)
+        rec = {"us": {"pick": round(row["tuned µs"], 3),
+                      **{name: round(row[f"{side} µs"], 3) for side, name in BASELINE_OF_SIDE.items()}},
+               "spread": round(v["noise"], 4)}
+        src = baselines[M][v["side"]]
+        if v["slower"] and (src["gate_up"], src["down"]) != (c.gate_up, c.down):
             choices[M] = Choice(M, src["gate_up"], src["down"], src["gate_up_us"], src["down_us"], src["source"],
                                 c.baseline_us, c.candidates)
-            rec.update(switched_to=src["source"], margin=round(t / row[f"{best} µs"] - 1, 4))
+            rec.update(switched_to=src["source"], margin=round(row["tuned µs"] / v["us"] - 1, 4))
         else:
             rec["kept"] = c.source
         out[M] = rec

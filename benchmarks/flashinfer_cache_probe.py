@@ -102,7 +102,12 @@ def main() -> int:
     from autotune.kernels.runner import discover
     from autotune.measure import time_gpu
 
-    rows = pinned_rows(json.loads(Path(args.summary).read_text()))
+    try:
+        rows = pinned_rows(json.loads(Path(args.summary).read_text()))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+        ap.error(f"{args.summary} is not an `autotune run --json` summary ({type(e).__name__})")
+    if not Path(args.cache).is_file():
+        ap.error(f"{args.cache}: no such file")
     if not rows:
         print("the summary lists no pinned tactic (other than -1): nothing to probe", file=sys.stderr)
         return 1

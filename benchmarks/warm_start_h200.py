@@ -91,6 +91,9 @@ def main() -> int:
     a = ap.parse_args()
     if len(a.dbs) % 2:
         ap.error("give the storages in (cold, warm) pairs")
+    for db in a.dbs:              # Optuna would create an empty SQLite file for a mistyped path
+        if not Path(db).is_file():
+            ap.error(f"{db}: no such SQLite file")
     results = [compare(a.dbs[i], a.dbs[i + 1]) for i in range(0, len(a.dbs), 2)]
     fmt = lambda x: "never" if x is None else f"{x:.1f}"  # noqa: E731
     for r in results:

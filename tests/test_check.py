@@ -56,6 +56,15 @@ def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(tim
     assert all("(SGLang's shipped file)" in line for line in timed)
 
 
+def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
+    """One line, exit 2, before anything is timed (the re-timing needs a GPU; this is refused first)."""
+    monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured())
+    monkeypatch.setattr("autotune.validate.moe_sides.time_sides", lambda *a: pytest.fail("timed"))
+    assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--batch-sizes", "3,5"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-sizes 3,5: no Triton MoE file" in err and "Traceback" not in err and err.count("\n") == 1
+
+
 def test_a_gpu_that_drifted_is_not_retimed(capsys):
     from autotune.check import check_folder
 

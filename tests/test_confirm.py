@@ -3,7 +3,7 @@ the spread is written instead (with the margin), anything within the spread keep
 layer is timed with exactly the pairs the selection re-measured."""
 import pytest
 
-from autotune.confirm import PairSides, confirm_by_layer
+from autotune.confirm import confirm_by_layer
 from autotune.device import DeviceInfo
 from autotune.models import Problem
 from autotune.select import Choice
@@ -76,18 +76,18 @@ def test_the_spread_decides_what_is_noise():
 
 @pytest.mark.slow
 def test_the_layer_runs_the_given_pairs_in_the_interpreter():
-    """PairSides through SGLang's kernels in Triton's interpreter: each given pair is checked against
+    """Given pairs (MoeSides' `configs`) through SGLang's kernels in Triton's interpreter: each given pair is checked against
     the float32 reference and timed (the numbers are the interpreter's: meaningless for speed)."""
     from autotune.confirm import baseline_rows
     from autotune.device import cpu_interpreter
-    from autotune.validate.moe_sides import SideConfig, time_sides
+    from autotune.validate.moe_sides import MoeSides, SideConfig, time_sides
 
     tiny = Problem(8, 32, 64, 2, "bf16")
     c = choice(2)
     pairs = {(2, "tuned"): SideConfig(c.gate_up, c.down, True, "the pick")}
     for side, row in baseline_rows(c).items():
         pairs[2, side] = SideConfig(row["gate_up"], row["down"], True, row["source"])
-    sides = PairSides(tiny, cpu_interpreter(), pairs, on_cpu=True, inner_repeats=1)
+    sides = MoeSides(tiny, cpu_interpreter(), ".", configs=pairs, on_cpu=True, inner_repeats=1)
     [row] = time_sides(sides, [2], repeats=1)
     assert row["default source"] == "shipped" and row["heuristic source"] == "default"
     assert all(row[f"{s} error"] < 1e-3 for s in ("tuned", "default", "heuristic"))

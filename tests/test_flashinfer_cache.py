@@ -1,6 +1,7 @@
 """The FlashInfer cache files we write are read by FlashInfer's own loader (on the CPU) exactly as a
 file written by its save_configs, and land where SGLang 0.5.23 looks for them."""
 import ast
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -67,9 +68,7 @@ class Module:   # type(moe_op).__name__ of a JIT-loaded tvm_ffi module is "Modul
 def runners():
     """FlashInfer's real runner objects, built on the CPU (their JIT modules mocked where they
     would compile), so their class names and cache-key extras are FlashInfer's own."""
-    from flashinfer.fused_moe import core
     from flashinfer.fused_moe.backends.trtllm import MoERunner as TrtllmMoERunner
-    from flashinfer.fused_moe.core import ActivationType
     from flashinfer.gemm import gemm_base as gb
     from flashinfer.tllm_enums import DtypeTrtllmGen, Fp8QuantizationType
 
@@ -78,21 +77,13 @@ def runners():
     module.get_library_paths.return_value = []
     mp.setattr(gb, "gen_trtllm_gen_gemm_module", lambda enable_rubin=False: module)
     mp.setattr(gb, "setup_cubin_loader", lambda path: None)
-    mp.setattr(core, "gen_cutlass_fused_moe_sm100_module", lambda use_fast_build=False: MagicMock())
     gb._get_trtllm_gemm_module_impl.cache_clear()
-    core.get_cutlass_fused_moe_module.cache_clear()
     try:
         out = {
             "cudnn_fp4": gb._cudnn_gemm_fp4_runner(tuning_config_for(MM_FP4)),
             "trtllm_fp4": gb._get_trtllm_gemm_module_impl(False).trtllm_fp4_gemm_runner(False),
             "cudnn_fp8": gb._cudnn_gemm_fp8_runner(),
-            "cutlass_moe": core.get_cutlass_fused_moe_module("100").MoERunner(
-                x_dtype=torch.bfloat16, weight_dtype=torch.uint8, output_dtype=torch.bfloat16, top_k=8,
-                tp_size=2, tp_rank=1, ep_size=1, ep_rank=0, cluster_size=1, cluster_rank=0,
-                enable_alltoall=False, use_deepseek_fp8_block_scale=False, use_w4_group_scaling=False,
-                use_mxfp8_act_scaling=False, min_latency_mode=False, enable_pdl=True,
-                activation_type=ActivationType.Swiglu, use_packed_weights=False, use_fused_finalize=True,
-                use_wfp4afp8_humming=False),
+            "cutlass_moe": moe_runner(torch.uint8, 8, 2, 1, tp_rank=1, use_fused_finalize=True),
             "trtllm_moe": TrtllmMoERunner(
                 Module(), top_k=8, num_local_experts=256, dtype_act=DtypeTrtllmGen.E2m1,
                 dtype_weights=DtypeTrtllmGen.E2m1, fp8_quantization_type=Fp8QuantizationType.NoneFp8,
@@ -100,7 +91,6 @@ def runners():
         }
     finally:
         gb._get_trtllm_gemm_module_impl.cache_clear()
-        core.get_cutlass_fused_moe_module.cache_clear()
         mp.undo()
     yield out
 
@@ -483,9 +473,9 @@ def test_mm_fp4_tactic_pins_under_flashinfers_own_key(runners, backend, m):
     assert ours.policy == AutoTuner._profiling_policy(tuning_config_for(MM_FP4))    # cold L2 + graphs: kept
 
 
-def _sglang_moe_runner(weight_dtype, top_k, tp_size, ep_size):
-    """The MoERunner cutlass_fused_moe builds for SGLang's flashinfer_cutlass call (its JIT module
-    mocked: the key code never reaches it), with the arguments SGLang passes."""
+def moe_runner(weight_dtype, top_k, tp_size, ep_size, **kw):
+    """The MoERunner cutlass_fused_moe builds, with the arguments SGLang's flashinfer_cutlass call
+    passes unless `kw` says otherwise (its JIT module mocked: the key code never reaches it)."""
     from flashinfer.fused_moe import core
     from flashinfer.fused_moe.core import ActivationType
 
@@ -495,12 +485,12 @@ def _sglang_moe_runner(weight_dtype, top_k, tp_size, ep_size):
     try:
         return core.get_cutlass_fused_moe_module("100").MoERunner(
             x_dtype=torch.bfloat16, weight_dtype=weight_dtype, output_dtype=torch.bfloat16, top_k=top_k,
-            tp_size=tp_size, tp_rank=0, ep_size=ep_size, ep_rank=0, cluster_size=1, cluster_rank=0,
+            tp_size=tp_size, ep_size=ep_size, ep_rank=0, cluster_size=1, cluster_rank=0,
             enable_alltoall=False, use_deepseek_fp8_block_scale=False, use_w4_group_scaling=False,
             use_mxfp8_act_scaling=False, min_latency_mode=False, enable_pdl=True,
-            activation_type=ActivationType.Swiglu, use_packed_weights=False,
-            use_fused_finalize=False,          # SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, default off
-            use_wfp4afp8_humming=False)
+            activation_type=ActivationType.Swiglu, use_packed_weights=False, use_wfp4afp8_humming=False,
+            # SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, default off
+            **{"tp_rank": 0, "use_fused_finalize": False, **kw})
     finally:
         core.get_cutlass_fused_moe_module.cache_clear()
         mp.undo()
@@ -533,19 +523,14 @@ def test_cutlass_moe_pair_pins_gemm1_and_gemm2_under_flashinfers_own_keys(family
     cfg = tuning_config_for(CUTLASS_MOE_GEMM1, tune_max_num_tokens=8192)
     want = []
     for tp, ep in ((2, 2), (8, 1)):                    # moe_tp = tp / ep
-        fi = _sglang_moe_runner(wdtype, 10, tp, ep)
+        fi = moe_runner(wdtype, 10, tp, ep)
         for op in GEMM_OPS:
             want.append(AutoTuner._get_cache_key(op, fi, sizes(inputs), cfg, fi.get_cache_key_extras(inputs)).file_key)
     assert sorted(e.file_key for e in entries) == sorted(want)
     assert sorted(e.tactic for e in entries) == [-1, -1, 7, 7]
     assert runner.cache_entries(problem, 24, [7, -1]) == []        # 24 is served by its bucket's entry
     fp8 = next(r for r in RUNNERS if r.family == "moe_fp8")
-    assert fp8.cache_entries(replace_dtype(problem, "fp8_w8a8_block"), m, [7, 3]) == []
-
-
-def replace_dtype(problem, dtype):
-    from dataclasses import replace
-    return replace(problem, dtype=dtype)
+    assert fp8.cache_entries(dataclasses.replace(problem, dtype="fp8_w8a8_block"), m, [7, 3]) == []
 
 
 @pytest.mark.parametrize("m", [1, 8, 128])

@@ -30,7 +30,10 @@ class SideConfig:
 class MoeSides:
     """One MoE problem on this device, with the (gate_up, down) configs of each side per M."""
 
-    def __init__(self, problem, device, tuned_dir: str | Path, *, on_cpu: bool = False, inner_repeats: int | None = None):
+    def __init__(self, problem, device, tuned_dir: str | Path, *, on_cpu: bool = False, inner_repeats: int | None = None,
+                 configs: dict | None = None):
+        """`configs`: (M, side) -> SideConfig given instead of read through SGLang's loader (the run's
+        layer check times the pairs its selection re-measured)."""
         from ..kernels.triton_moe import TritonMoe, compute_dtype, sglang_file_name
 
         self.problem, self.device, self.on_cpu = problem, device, on_cpu
@@ -43,7 +46,7 @@ class MoeSides:
         self.dtype = compute_dtype(problem, on_cpu)
         self.inner = inner_repeats or (2 if on_cpu else 7)
         self.file_name = sglang_file_name(problem, device)
-        self._sides: dict[tuple[int, str], SideConfig] = {}
+        self._sides: dict[tuple[int, str], SideConfig] = dict(configs or {})
 
     # -- configs ---------------------------------------------------------------------------------
     def side_config(self, M: int, side: str) -> SideConfig:
@@ -171,6 +174,22 @@ class MoeSides:
         if self.on_cpu:
             return time_cpu(lambda i: fn(), 1, repeats=self.inner)
         return time_gpu(lambda i: fn(), 1, repeats=self.inner)
+
+
+# The smallest difference ever acted on, whatever the spread says.
+MIN_EFFECT = 0.01
+# What each baseline side runs, by the name reports use: "default" = what SGLang loads from its own
+# folder (its shipped file, else its default config), "heuristic" = SGLang's default config.
+BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
+
+
+def verdict(row: dict) -> dict:
+    """A time_sides row judged: the faster baseline side, its µs, the noise threshold (the larger of
+    the two sides' spreads, at least MIN_EFFECT) and whether tuned is slower than it beyond that."""
+    best = min(BASELINE_OF_SIDE, key=lambda s: row[f"{s} µs"])
+    noise = max(MIN_EFFECT, row["tuned spread"], row[f"{best} spread"])
+    return {"side": best, "name": BASELINE_OF_SIDE[best], "us": row[f"{best} µs"], "noise": noise,
+            "slower": row["tuned µs"] > row[f"{best} µs"] * (1 + noise)}
 
 
 def time_sides(sides: MoeSides, batch_sizes, repeats: int = 5, seed: int = 3) -> list[dict]:
