@@ -318,10 +318,15 @@ class ServerChoice:
     per_m_total: float | None        # if every (problem, M) could run its own winner
     disqualified: dict               # backend -> "reason at M=..., problem ..."
     skipped: dict                    # backend -> why it never ran here
+    mix_measured: bool = True        # False: no batch size of this mix was in the run
+
+    @property
+    def summary(self) -> str:
+        return self.backend or ("none eligible" if self.mix_measured else "no batch size of it measured")
 
     @property
     def gain_vs_auto(self) -> float | None:
-        if self.backend is None or self.auto not in self.totals:
+        if self.backend is None or self.auto not in self.totals or not self.totals[self.backend]:
             return None
         return self.totals[self.auto] / self.totals[self.backend]
 
@@ -347,6 +352,9 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
             skipped.setdefault(b, why)
     selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}
     names = set().union(*(t.names for t in tuners)) if tuners else set()
+    mix_measured = any(in_mix(M) for t in tuners for M in t.Ms)    # --batch-sizes 1,64: no prefill M
+    if not mix_measured:
+        names = set()
     totals, per_m = {}, 0.0
     for b in sorted(names - set(bad)):
         total = 0.0
@@ -365,4 +373,5 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
             per_m += getattr(t.problem, "layers", 1) * min(xs) if xs else 0.0
     eligible = {b: v for b, v in totals.items() if b in selectable}
     best = min(eligible, key=eligible.get) if eligible else None
-    return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped)
+    return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped,
+                        mix_measured)

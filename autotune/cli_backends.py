@@ -60,10 +60,10 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                                                  *t.unavailable.values()], careful=t.careful.values())
         chosen = server_choice(fp.family, device, tuners, args.mix)
         other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
-        print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.backend or 'none eligible'}"
+        print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.summary}"
               + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
-              + f"; {other.mix} mix: {other.backend or 'none eligible'}")
+              + f"; {other.mix} mix: {other.summary}")
         results.append(([chosen, other], fp.family))
         write_tactic_files(args, device, fp.family, tuners, per_problem)
         _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}

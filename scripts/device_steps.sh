@@ -15,6 +15,10 @@
 #   warm       issue 12: cold vs --warm-start runs of E=256,N=128 and E=512,N=256 bf16 (WARM_RUNS, WARM_BS, WARM_TRIALS)
 #   check      issue 12: `autotune check` of the committed H200 folder: versions, then each Triton MoE file
 #              re-timed as SGLang runs the layer, tuned vs shipped vs default (CHECK_BS batch sizes)
+#   confirm    issue 12: a short block-FP8 run (CONFIRM_BS, CONFIRM_BUDGET) whose per-M picks are confirmed as
+#              SGLang runs the layer (autotune/confirm.py); its provenance holds per_M[M]["layer"]
+# Every call logs the GPU's SM/memory clocks, power and use every 100 ms to $OUT/clocks.csv (timing
+# across processes is compared against it).
 # Work files live in $WORK (default /tmp/at); the SQLite study travels back in work.tgz so a
 # later call can resume a run cut short by its limit (carry it and set RESUME=work.tgz).
 set -uo pipefail
@@ -77,6 +81,16 @@ step_check() {
   at check tuned_configs/NVIDIA_H200 --sglang-version 0.5.23 --batch-sizes "${CHECK_BS:-1,8,32,64,256,1024,4096}"
 }
 
+step_confirm() {
+  at run "${MODEL[@]}" --dtype fp8_w8a8_block --kernels triton_moe --gpus all --batch-sizes "${CONFIRM_BS:-1,64,1024}" \
+     --budget "${CONFIRM_BUDGET:-150s}" --storage "sqlite:///$WORK/confirm.db" --out "$WORK/confirm" \
+     --json "$WORK/confirm.json" --quiet
+  python3 -c "import json,sys
+for name, f in json.load(open(sys.argv[1]))['files'].items():
+    for M, v in sorted(f.get('per_M', {}).items(), key=lambda kv: int(kv[0])): print(name, M, json.dumps(v.get('layer')))" \
+     "$(ls "$WORK"/confirm/*/provenance.json | head -1)" 2>&1 | cut -c1-400
+}
+
 step_warm() {
   # issue 12: device time to within 2% of the best, cold vs warm-started from the E=512,N=128 bf16 H200 run;
   # same trials, same seed, one storage each (the trials' completion times are the clock:
@@ -96,7 +110,11 @@ step_warm() {
 
 if [ "${1:-}" = __step ]; then step_"$2"; exit; fi
 
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 100 > "$OUT/clocks.csv" 2>/dev/null &
+clock_log=$!
 pack() {   # what comes back: logs, and the work folder as one tarball
+  kill "$clock_log" 2>/dev/null
   tar -czf "$OUT/work.tgz" -C "$WORK" . 2>/dev/null
 }
 trap pack EXIT
@@ -109,7 +127,7 @@ for spec in "$@"; do
   left=$(( call_end - $(date +%s) ))
   { [ "$limit" = "$spec" ] || [ "$limit" -gt "$left" ]; } && limit=$left
   if [ "$left" -lt 60 ]; then echo "=== step $name skipped: ${left}s left in this call"; continue; fi
-  echo "=== step $name (limit ${limit}s) $(date -u +%FT%TZ)"
+  echo "=== step $name (limit ${limit}s) $(date -u +%FT%TZ)" | tee -a "$OUT/steps.txt"
   t0=$(date +%s)
   # `timeout` stops a step, not the call: the next steps and the packing still run.
   timeout -k 10 "$limit" bash "$0" __step "$name" 2>&1 | tee "$OUT/$name.log"

@@ -10,9 +10,33 @@ py=${PYTHON:-python3}
 # installed file up front (torch, transformers, sglang: tens of thousands) was most of a fresh
 # setup's time. (Where PYTHONDONTWRITEBYTECODE is set nothing is kept: unset it for the tests.)
 pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile "$@"; }
-pip_install -r requirements/cpu.txt
-pip_install --no-deps -r requirements/sglang.txt
-pip_install --no-deps -e .
+# requirements/cpu.lock (scripts/lock_cpu.py) is the resolved closure of requirements/cpu.txt, each
+# package with its installed size. It and SGLang (only its kernel and loader modules are used on the
+# CPU) go in with --no-deps as one pip process per core, the parts balanced by size: unpacking torch's
+# CUDA wheels (7 GB installed) on one core was most of a fresh setup. The cpu.txt install after it
+# checks, offline, that the lock is complete (it fails naming what the lock lacks).
+# Two parts per core: wheels unpack at different speeds per MiB, and the cores stay busy to the end.
+parts=$(( 2 * $(nproc 2>/dev/null || echo 1) )); [ "$parts" -gt 8 ] && parts=8
+lockdir=$(mktemp -d); trap 'rm -rf "$lockdir"' EXIT
+"$py" - "$lockdir" "$parts" requirements/cpu.lock requirements/sglang.txt <<'PY'
+import re, sys
+rows = []
+for line in (line for path in sys.argv[3:] for line in open(path)):
+    req, _, size = line.partition("#")
+    if req.strip():
+        rows.append((int(re.search(r"\d+", size).group()) if re.search(r"\d+", size) else 0, req.strip()))
+n = int(sys.argv[2]); parts, load = [[] for _ in range(n)], [0] * n
+for mib, req in sorted(rows, reverse=True):     # largest first, each to the least-loaded part
+    i = load.index(min(load)); parts[i].append(req); load[i] += mib
+for i, reqs in enumerate(parts):
+    open(f"{sys.argv[1]}/part{i}.txt", "w").write("\n".join(reqs) + "\n")
+PY
+pids=()
+for f in "$lockdir"/part*.txt; do pip_install --no-deps -r "$f" & pids+=($!); done
+for pid in "${pids[@]}"; do wait "$pid"; done
+pip_install --no-index -r requirements/cpu.txt
+# setuptools is in the lock: no isolated build environment to set up for the editable install.
+pip_install --no-deps --no-build-isolation -e .
 # Older SGLang releases' own source, for the tests that load our files through each release's
 # loader and kernel signature (tests/test_sglang_releases.py): the package tree only, no install.
 for v in 0.5.16; do

@@ -96,11 +96,13 @@ server() {  # tag arm
 }
 
 # Arms rotate per repeat (ABC, BCA, CAB): drift over the call falls on every arm alike.
-read -ra arms <<< "$ARMS"; n=${#arms[@]}
+read -ra arms <<< "$ARMS"; n=${#arms[@]}; ok=0; failed=0
 for r in $(seq "${REP_FROM:-1}" $(( ${REP_FROM:-1} + REPS - 1 ))); do
   for i in $(seq 0 $((n - 1))); do
     arm=${arms[$(( (i + r - 1) % n ))]}
-    $MODE ${MODE}_${DTYPE}_r${r}_${arm} $arm
+    $MODE ${MODE}_${DTYPE}_r${r}_${arm} $arm && ok=$((ok + 1)) || failed=$((failed + 1))
+    # A stack that cannot run (a first-time carry) fails every run alike: stop after two failures with no success.
+    [ "$ok" -eq 0 ] && [ "$failed" -ge 2 ] && { echo "== stopping: $failed runs failed, none succeeded"; break 2; }
   done
 done
 tar -C /tmp -czf $OUT/runs_${MODE}_${DTYPE}.tgz arms_runs

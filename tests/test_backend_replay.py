@@ -194,3 +194,17 @@ def test_several_recordings_replay_as_one_and_unrecorded_backends_say_so(tmp_pat
     assert main(["run", "--kernels", "moe_bf16", "--replay", f"{cache_path},{tmp_path / 'nope.jsonl.gz'}",
                  "--out", str(out)]) == 2
     assert "measurement cache not found" in capsys.readouterr().err
+
+
+def test_a_run_of_decode_batch_sizes_only_says_the_prefill_mix_was_not_measured(tmp_path, capsys):
+    # Found on the H200: `--batch-sizes 1,64` left the prefill mix with zero totals and the run died
+    # dividing by them, after writing FlashInfer's files but before server_args.yaml.
+    assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "fp8_gemm", "--batch-sizes", "1,64",
+                 "--replay", str(FP8_GEMM_GPU), "--out", str(tmp_path / "out"),
+                 "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "decode mix: triton" in out and "prefill mix: no batch size of it measured" in out
+    folder = tmp_path / "out/NVIDIA_H200"
+    assert server_args.read_values(folder / "server_args.yaml") == {"fp8-gemm-backend": "triton"}
+    choice = json.loads((folder / "backend_choice.json").read_text())["families"]["fp8_gemm"]["server_choice"]
+    assert choice["prefill"]["backend"] is None and choice["prefill"]["gain_vs_auto"] is None

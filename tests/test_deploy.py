@@ -67,3 +67,14 @@ def test_compose_runs_one_worker_per_gpu_on_one_postgres_study():
         assert cmd[0] == "worker" and "postgres:5432" in cmd[cmd.index("--storage") + 1]
         assert cmd[cmd.index("--study") + 1] == services["export"]["command"][services["export"]["command"].index("--study") + 1]
     assert "postgres" in services
+
+
+def test_the_lock_setup_installs_holds_every_pin_of_cpu_txt_at_its_version():
+    # setup.sh installs requirements/cpu.lock with --no-deps (in parallel) and cpu.txt only checks it:
+    # a pin changed in cpu.txt without re-running scripts/lock_cpu.py would test another stack.
+    def canon(pinned):
+        return {re.sub(r"[-_.]+", "-", re.sub(r"\[.*\]", "", n)).lower(): v for n, v in pinned.items()}
+
+    lock, cpu = canon(pins("requirements/cpu.lock")), canon(pins("requirements/cpu.txt"))
+    assert {n: v for n, v in cpu.items() if lock.get(n) != v} == {}
+    assert "torch" in lock and "sglang" not in lock    # sglang goes in apart, with --no-deps

@@ -113,3 +113,27 @@ def test_block_fp8_arms_read_from_sglangs_own_lines(tmp_path):
 def test_a_shipped_arm_with_neither_file_nor_default_is_refused():
     from autotune.validate.server_arms import check_arm
     assert check_arm("shipped", evidence("no config lines at all"), None) == "SGLang loaded no MoE config file"
+
+
+RUNS_023 = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"
+
+
+def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
+    """SGLang 0.5.23 itself (sglang.benchmark.one_batch) on the H200 with tuned_configs/NVIDIA_H200: every
+    tuned run loaded that folder's up and _down files, 0.5.23's shipped arm fell back to its triton 3.5.1
+    file, and the record says which SGLang ran and which module measured."""
+    out = tmp_path / "out"
+    configs = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
+    assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs", str(configs),
+                 "--out", str(out), "--gate"]) == 0
+    rec = json.loads((out / "validation.json").read_text())
+    assert rec["engine"] == "sglang-server 0.5.23" and rec["device"]["sglang"] == "0.5.23"
+    tuned = [r for r in rec["runs"] if r["arm"] == "tuned"]
+    assert len(tuned) == 3 and all(
+        sorted(Path(f).name for f in r["evidence"]["files"]) ==
+        ["E=512,N=128,device_name=NVIDIA_H200.json", "E=512,N=128,device_name=NVIDIA_H200_down.json"]
+        and all("tuned_configs/NVIDIA_H200/configs/triton_3_6_0/" in f for f in r["evidence"]["files"]) for r in tuned)
+    shipped = [r for r in rec["runs"] if r["arm"] == "shipped"]
+    assert shipped and all("triton_3_5_1" in f for r in shipped for f in r["evidence"]["files"])
+    report = (out / "report.md").read_text()
+    assert "python -m sglang.benchmark.one_batch" in report and "sglang.bench_one_batch`" not in report

@@ -209,7 +209,7 @@ def _validate_sglang_runs(args) -> int:
     """The gate on runs of SGLang's own code made elsewhere (the lent GPU): three arms per batch,
     each run's log checked for the config file SGLang says it loaded."""
     from . import BenchmarkError
-    from .server_arms import comparisons, markdown, plot_arms, read_runs, run_environment, table
+    from .server_arms import comparisons, markdown, one_batch_module, plot_arms, read_runs, run_environment, table
 
     if not args.configs:
         raise ValidateError("--from-runs needs --configs: the tuned folder the runs' tuned arm loaded")
@@ -241,7 +241,7 @@ def _validate_sglang_runs(args) -> int:
              f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}): one rank of the model, dummy weights, "
              "three fused-MoE arms per repeat in rotating order: default (no file: SGLang's default config), shipped "
              f"(SGLang's own files), tuned (`{configs}`).",
-             "bench_one_batch = `python -m sglang.bench_one_batch` (ModelRunner + CUDA graphs: decode step time); "
+             f"bench_one_batch = `python -m {one_batch_module(version)}` (ModelRunner + CUDA graphs: decode step time); "
              "server = `python -m sglang.launch_server` + scripts/sglang_decode_probe.py (decode tokens/s of one "
              "batch of requests through HTTP and the scheduler). Throughput below = batch / step time.",
              "", "Per arm, median ms per decode step (min-max, runs):", "", markdown(rows), "",

@@ -2,7 +2,7 @@
 
 `scripts/sglang_arms_h200.sh` runs, per repeat and in rotating order, one SGLang process per arm
 and leaves in its folder, per run, `<mode>_<dtype>_r<repeat>_<arm>.log` (SGLang's log) and:
-- mode `one_batch`: `.jsonl`, `python -m sglang.bench_one_batch`'s result lines (one per batch
+- mode `one_batch`: `.jsonl`, SGLang's bench_one_batch result lines (`one_batch_module`; one per batch
   size: `median_decode_latency`, seconds per decode step of SGLang's ModelRunner with CUDA graphs,
   no scheduler or HTTP);
 - mode `server`: `.probe.jsonl`, scripts/sglang_decode_probe.py against `python -m
@@ -35,6 +35,15 @@ _FALLBACK = re.compile(r"Fallback to triton version (?P<ver>[\d.]+) and use MoE 
 _DEFAULT = re.compile(r"Using default MoE kernel config\..*?Config file not found at " + _PATH)
 _STAMP = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 _DOWN_REUSED = re.compile(r"Down MoE config file not found at " + _PATH + r"; reusing the tuned up-projection")
+
+
+def one_batch_module(version: str) -> str:
+    """The module `python -m` runs for SGLang's bench_one_batch: 0.5.23 moved it into sglang.benchmark."""
+    try:
+        newer = tuple(int(x) for x in version.split(".")[:3]) >= (0, 5, 23)
+    except ValueError:
+        newer = False
+    return "sglang.benchmark.one_batch" if newer else "sglang.bench_one_batch"
 
 
 @dataclass
