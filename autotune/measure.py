@@ -23,6 +23,7 @@ class Timing:
     spread: float        # (p75 - p25) / median over replays
     samples: int
     bench_s: float       # wall seconds spent timing
+    calls: int = 1       # calls per timed replay (GPU: the graph's length; a replay starts L2-cold)
 
 
 def rel_error(out, ref) -> float:
@@ -101,7 +102,7 @@ def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0) 
     per_call = [s.elapsed_time(e) * 1000.0 / calls for s, e in events]
     del graph
     q1, med, q3 = _quartiles(per_call)
-    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0)
+    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0, calls)
 
 
 def _graph_of(launch, indices):
