@@ -44,7 +44,16 @@ def canonical(config: dict) -> dict:
 
 
 def config_key(config: dict) -> str:
-    return json.dumps(canonical(config), separators=(",", ":"))
+    """The config as compact JSON in canonical order: the identity of a config in caches and studies."""
+    c = canonical(config)
+    # Triton configs (int and bool values, identifier keys) are most of every cache: written here
+    # exactly as json.dumps writes them, in a fraction of its time (replays key 30k+ records).
+    if all(type(v) is int or type(v) is bool for v in c.values()) and all(k.isidentifier() and k.isascii() for k in c):
+        return "{" + ",".join(f'"{k}":{_JSON_BOOL[v] if type(v) is bool else v}' for k, v in c.items()) + "}"
+    return json.dumps(c, separators=(",", ":"))
+
+
+_JSON_BOOL = {True: "true", False: "false"}
 
 
 @dataclass
@@ -100,10 +109,10 @@ class Cache:
     def add(self, m: Measurement, careful: bool = False) -> None:
         # A later measurement of the same key replaces an earlier one unless the earlier was OK
         # and the later is not (merging partial recordings keeps what worked).
-        book = self.careful if careful else self.records
-        old = book.get(m.key)
+        book, key = (self.careful if careful else self.records), m.key
+        old = book.get(key)
         if old is None or m.ok or not old.ok:
-            book[m.key] = m
+            book[key] = m
 
     def get(self, problem: str, gemm: str, M: int, config: dict, careful: bool = False) -> Measurement | None:
         key = (problem, gemm, M, config_key(config))

@@ -11,8 +11,10 @@ three ways, in this order:
             the same kernel as `pinned` if the cache serves it, so the two agree within the spread
   fi_auto   FlashInfer's own autotuning (`with autotune(True)`: one call profiles every tactic at
             every bucket, as SGLang's start-up warm-up does), then its pick, outside tuning mode
+  default2  right after `default`, the same again (before any cache is loaded)
   again     the cache cleared, tactic -1 once more: the same kernel as `default`, later in the same
-            process (session 9 saw `default` agree with the run and every later arm ~2.7 µs slower)
+            process (sessions 8 and 9 saw the first row's first arms agree with the run and every later
+            arm, `default` of later rows included, 2.6-4 µs slower)
 Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
 operands as the run's measurement (autotune.kernels.fp8_gemm), so `pinned` is comparable with the
 time the run measured for that tactic.
@@ -135,6 +137,9 @@ def main() -> int:
 
         tuner.clear_cache()
         res = {**row, **timed("default")}
+        # The same once more before the cache is loaded: is any later timing in this process slower, or only
+        # those after load_configs / FlashInfer's own tuning?
+        res.update({k: v for k, v in timed("default2").items() if k in ("default2 µs", "default2 calls")})
         if not tuner.load_configs(args.cache):
             print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
             return 1

@@ -149,3 +149,22 @@ def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, 
     t2.search()
     assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())
     assert config_key(t2.spaces[owner.gemm].config_at(frozen.params)) in t2.measured[owner.gemm, owner.M]
+
+
+def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_of_config():
+    # config_key writes Triton configs itself (fast path) and everything else with json.dumps: both must give
+    # the exact string json.dumps gives, since caches and studies written before compare by it.
+    import json
+    import random
+
+    from autotune.records import CONFIG_ORDER, canonical, config_key
+
+    rng = random.Random(0)
+    configs = [{"backend": "flashinfer_cudnn", "tactic": [7, [[12, 41]]]}, {"backend": "triton", "tactic": -1}, {},
+               {"BLOCK_SIZE_M": 16, "USE_TMA": False}, {"USE_TMA": True, "num_stages": 2, "BLOCK_SIZE_M": -1},
+               {"BLOCK_SIZE_M": 64, "name": "ü"}, {"BLOCK_SIZE_M": 1.5}, {"bad key": 1}]
+    for _ in range(200):
+        keys = rng.sample(CONFIG_ORDER + ("zeta", "alpha"), rng.randint(1, 9))
+        configs.append({k: rng.choice([True, False, 0, 1, 16, 256, -3]) for k in keys})
+    for c in configs:
+        assert config_key(c) == json.dumps(canonical(c), separators=(",", ":")), c
