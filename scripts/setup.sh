@@ -13,8 +13,8 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check -
 # requirements/cpu.lock (scripts/lock_cpu.py) is the resolved closure of requirements/cpu.txt, each
 # package with its installed size. It and SGLang (only its kernel and loader modules are used on the
 # CPU) go in with --no-deps as one pip process per core, the parts balanced by size: unpacking torch's
-# CUDA wheels (7 GB installed) on one core was most of a fresh setup. The cpu.txt install after it
-# checks, offline, that the lock is complete (it fails naming what the lock lacks).
+# CUDA wheels (7 GB installed) on one core was most of a fresh setup. tests/test_deploy.py checks that
+# the lock holds cpu.txt's pins; pip check below, that it holds everything they need.
 # Two parts per core: wheels unpack at different speeds per MiB, and the cores stay busy to the end.
 parts=$(( 2 * $(nproc 2>/dev/null || echo 1) )); [ "$parts" -gt 8 ] && parts=8
 lockdir=$(mktemp -d); trap 'rm -rf "$lockdir"' EXIT
@@ -34,7 +34,9 @@ PY
 pids=()
 for f in "$lockdir"/part*.txt; do pip_install --no-deps -r "$f" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid"; done
-pip_install --no-index -r requirements/cpu.txt
+# pip check: every installed package's requirements met (SGLang's own are not installed on purpose).
+broken=$(.venv/bin/python -m pip check 2>/dev/null | grep -v '^sglang ' || true)
+[ -z "$broken" ] || { echo "setup: requirements/cpu.lock is incomplete (re-run scripts/lock_cpu.py):" >&2; echo "$broken" >&2; exit 1; }
 # setuptools is in the lock: no isolated build environment to set up for the editable install.
 pip_install --no-deps --no-build-isolation -e .
 # Older SGLang releases' own source, for the tests that load our files through each release's

@@ -1,4 +1,12 @@
 import os
+import sys
+
+# setup.sh installs without compiling bytecode (Python compiles what it imports and keeps it). Where the
+# environment forbids keeping it (PYTHONDONTWRITEBYTECODE, set on some machines), every test run would
+# compile torch and SGLang again: keep it, in the test processes and (the variable dropped) the
+# subprocesses they start.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # SGLang's Triton kernels run in Triton's CPU interpreter (fp32) in these tests; the variable
 # must be set before triton.jit decorates them, i.e. before any sglang kernel import.
