@@ -1,7 +1,7 @@
 """Run in a fresh process: what one SGLang release hands its fused-MoE Triton kernel for each entry
 of a tuned folder, and which of those keyword arguments the release's kernel rejects.
 
-    python tests/sglang_release_probe.py RELEASE_ROOT|installed FOLDER DEVICE_NAME E N K TOPK DTYPE
+    python tests/sglang_release_probe.py RELEASE_ROOT|installed DEVICE_NAME E N K TOPK FOLDER:DTYPE [FOLDER:DTYPE ...]
 
 RELEASE_ROOT holds an unpacked release's `sglang/` tree (scripts/setup.sh puts 0.5.16 in
 .venv/sglang-releases/); `installed` uses the installed SGLang. Everything that decides is the
@@ -11,7 +11,8 @@ Triton's own rule (a launch keyword must be a kernel argument or a compile optio
 "Keyword argument ... was specified but unrecognised"). What stands in for the GPU: the device name
 the loader sees, "TMA descriptors supported" (an SM90 GPU with Triton's TensorDescriptor), and the
 token alignment (`moe_align_block_size`, a CUDA kernel whose output only routes tokens).
-Prints one JSON object: {"release", "per_M": {M: {"up": [...keys], "down": [...], "rejected": [...]}},
+Prints one JSON object per FOLDER:DTYPE, one line each, in order (one process per release: importing a
+release is most of a check): {"release", "per_M": {M: {"up": [...keys], "down": [...], "rejected": [...]}},
 "loaded": [files the loader logged]}.
 """
 import dataclasses
@@ -38,11 +39,9 @@ def stub_package(name, **attrs):
     return mod
 
 
-def main(root, folder, device_name, E, N, K, top_k, dtype):
+def main(root, device_name, E, N, K, top_k, jobs):
     if root != "installed":
         sys.path.insert(0, root)
-    import torch
-
     import sglang
     stub_package("sglang.srt.layers.moe")
     stub_package(PKG)
@@ -68,8 +67,6 @@ def main(root, folder, device_name, E, N, K, top_k, dtype):
         if hasattr(fused, name):
             setattr(fused, name, lambda: True)
     fused.moe_align_block_size = lambda topk_ids, block_m, num_experts: (None, None, None)
-    os.environ["SGLANG_MOE_CONFIG_DIR"] = folder
-
     loaded = []
 
     class Grab(logging.Handler):
@@ -80,6 +77,18 @@ def main(root, folder, device_name, E, N, K, top_k, dtype):
 
     from triton.backends.nvidia.compiler import CUDAOptions
     accepted = set(kernels.fused_moe_kernel.arg_names) | {f.name for f in dataclasses.fields(CUDAOptions)}
+    for job in jobs:
+        folder, dtype = job.rsplit(":", 1)
+        os.environ["SGLANG_MOE_CONFIG_DIR"] = folder
+        for f in vars(cfg).values():          # the loader's lru_caches would answer from the last folder
+            if hasattr(f, "cache_clear"):
+                f.cache_clear()
+        loaded.clear()
+        print(json.dumps(check(cfg, fused, accepted, root, sglang, folder, dtype, E, N, K, top_k, loaded)))
+
+
+def check(cfg, fused, accepted, root, sglang, folder, dtype, E, N, K, top_k, loaded):
+    import torch
 
     fp8 = dtype.startswith("fp8")
     block = [128, 128] if dtype == "fp8_w8a8_block" else None
@@ -100,11 +109,11 @@ def main(root, folder, device_name, E, N, K, top_k, dtype):
         down = down or up                 # the kernel sequence runs the down GEMM with `down_config or config`
         per_m[M] = {"up": sorted(up), "down": sorted(down),
                     "rejected": sorted((set(up) | set(down)) - accepted)}
-    print(json.dumps({"release": importlib.metadata.version("sglang") if root == "installed"
-                      else os.path.basename(root.rstrip("/")), "sglang_file": sglang.__file__,
-                      "per_M": per_m, "loaded": loaded}))
+    return {"release": importlib.metadata.version("sglang") if root == "installed"
+            else os.path.basename(root.rstrip("/")), "sglang_file": sglang.__file__,
+            "per_M": per_m, "loaded": list(loaded)}
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), int(a[6]), a[7])
+    main(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6:])

@@ -5,6 +5,7 @@ folder and its `_prepare_fused_moe_run` turns each entry into the keyword argume
 kernel gets; a key outside the kernel's real signature is what crashed SGLang 0.5.16's server on
 the H200 (`USE_TMA` in the up file). 0.5.16's tree comes from scripts/setup.sh; 0.5.23 is installed.
 """
+import functools
 import json
 import subprocess
 import sys
@@ -28,23 +29,38 @@ def find(folder: Path, name: str) -> Path:
     return next(p for p in (folder / "configs").glob("*/*") if p.name == name)
 
 
-def probe(release: str, folder: Path, dtype: str) -> dict:
+FOLDERS = ["tuned_configs/NVIDIA_H200", "tuned_configs/sglang-0.5.16/NVIDIA_H200"]
+
+
+def probe_all(release: str, jobs: list[tuple[Path, str]]) -> list[dict]:
+    """One fresh process per release checks every (folder, dtype): importing the release is most of it."""
     root = RELEASES[release]
     if root != "installed" and not Path(root, "sglang/__init__.py").exists():
         pytest.fail(f"SGLang {release}'s source is missing from {root}: run scripts/setup.sh")
-    out = subprocess.run([sys.executable, str(ROOT / "tests/sglang_release_probe.py"), root, str(folder),
-                          "NVIDIA_H200", "512", "128", "4096", "10", dtype],
+    out = subprocess.run([sys.executable, str(ROOT / "tests/sglang_release_probe.py"), root, "NVIDIA_H200", "512",
+                          "128", "4096", "10", *(f"{folder}:{dtype}" for folder, dtype in jobs)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(jobs):]]
+
+
+@functools.cache
+def committed(release: str) -> dict:
+    """(folder, dtype) -> the probe's answer for every committed folder and dtype, one process per release."""
+    jobs = [(f, d) for f in FOLDERS for d in sorted(PROBLEMS)]
+    return dict(zip(jobs, probe_all(release, [(ROOT / f, d) for f, d in jobs])))
+
+
+def probe(release: str, folder: Path, dtype: str) -> dict:
+    return probe_all(release, [(folder, dtype)])[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("release", sorted(RELEASES))
-@pytest.mark.parametrize("folder", ["tuned_configs/NVIDIA_H200", "tuned_configs/sglang-0.5.16/NVIDIA_H200"])
+@pytest.mark.parametrize("folder", FOLDERS)
 @pytest.mark.parametrize("dtype", sorted(PROBLEMS))
 def test_committed_files_run_exactly_in_the_releases_their_provenance_names(release, folder, dtype):
-    got = probe(release, ROOT / folder, dtype)
+    got = committed(release)[folder, dtype]
     assert (release == "0.5.23") == (got["sglang_file"].find(".venv/sglang-releases") < 0)
     # Loaded from our folder (the loader's own log lines), every entry of the file.
     assert got["loaded"] and all(f"{folder}/configs/" in msg for msg in got["loaded"])

@@ -116,7 +116,7 @@ def asked_trials(study):
 @needs_pg
 def test_four_workers_share_120_trials_exactly_and_lose_nothing():
     study = f"t4-{uuid.uuid4().hex[:8]}"
-    procs = [worker(study, 30, 2.0) for _ in range(4)]
+    procs = [worker(study, 30, 1.0) for _ in range(4)]      # ~30 s of replayed device time each: they overlap
     outs = finish(procs)
     assert all(p.returncode == 0 for p in procs), outs
     ss = studies(study)
@@ -289,7 +289,7 @@ def tuned_files(folder):
 
 def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path):
     db = tmp_path / "s.db"
-    p = autotune(*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime", "2",
+    p = autotune(*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime", "1",
                  "--trials", "30", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out"), "--quiet")
     wait_for_trials(p, db, 10, "the run whose storage breaks")     # mid-search
     keep = db.read_bytes()
@@ -346,7 +346,7 @@ def test_sigterm_stops_a_run_in_one_line_with_exit_143_and_leaves_it_resumable(t
     url = f"sqlite:///{tmp_path / 's.db'}"
     common = [*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "10", "--quiet",
               "--storage", url, "--out", str(tmp_path / "out")]
-    p = autotune(*common, "--replay-realtime", "4")
+    p = autotune(*common, "--replay-realtime", "2")
     wait_for_trials(p, tmp_path / "s.db", 4, "the run to stop")
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
