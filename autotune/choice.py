@@ -326,7 +326,7 @@ class ServerChoice:
 
     @property
     def gain_vs_auto(self) -> float | None:
-        if self.backend is None or self.auto not in self.totals or not self.totals[self.backend]:
+        if self.backend is None or self.auto not in self.totals:
             return None
         return self.totals[self.auto] / self.totals[self.backend]
 

@@ -1,9 +1,10 @@
-"""Writes requirements/cpu.lock: every distribution requirements/cpu.txt resolves to, pinned, each with
-its installed size (MiB) as a comment. scripts/setup.sh installs the lock in parallel pip processes
-(--no-deps, one per core, balanced by those sizes): unpacking torch's CUDA wheels on one core was most
-of a fresh setup. Re-run after changing requirements/cpu.txt (tests/test_deploy.py checks they agree):
+"""requirements/cpu.lock: every distribution requirements/cpu.txt resolves to, pinned, each with its
+installed size (MiB) as a comment. scripts/setup.sh installs the lock in parallel pip processes
+(--no-deps, balanced by those sizes): unpacking torch's CUDA wheels on one core was most of a fresh
+setup. Re-run after changing requirements/cpu.txt (tests/test_deploy.py checks they agree):
 
-    .venv/bin/python scripts/lock_cpu.py     # from a .venv that scripts/setup.sh made
+    .venv/bin/python scripts/lock_cpu.py                          # write the lock, from a set-up .venv
+    python3 scripts/lock_cpu.py --parts N OUTDIR REQ_FILE...      # split requirement files into N parts
 """
 from __future__ import annotations
 
@@ -26,7 +27,32 @@ def installed_mib(dist) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file()) >> 20
 
 
+def split(n: int, outdir: str, req_files: list[str]) -> None:
+    """OUTDIR/part<i>.txt, i < n: the requirements, largest first, each to the least-loaded part (a line
+    without a size comment counts 0)."""
+    rows = []
+    for line in (line for path in req_files for line in Path(path).read_text().splitlines()):
+        req, _, comment = line.partition("#")
+        if req.strip():
+            size = re.search(r"(\d+) MiB", comment)
+            rows.append((int(size.group(1)) if size else 0, req.strip()))
+    parts, load = [[] for _ in range(n)], [0] * n
+    for mib, req in sorted(rows, reverse=True):
+        i = load.index(min(load))
+        parts[i].append(req)
+        load[i] += mib
+    for i, reqs in enumerate(parts):
+        (Path(outdir) / f"part{i}.txt").write_text("".join(r + "\n" for r in reqs))
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--parts"]:
+        try:
+            split(int(sys.argv[2]), sys.argv[3], sys.argv[4:])
+        except (IndexError, ValueError, OSError) as e:
+            print(f"lock_cpu.py --parts N OUTDIR REQ_FILE...: {e}", file=sys.stderr)
+            return 2
+        return 0
     rows = sorted((canonical(d.metadata["Name"]), d.version, installed_mib(d)) for d in md.distributions()
                   if canonical(d.metadata["Name"]) not in NOT_LOCKED)
     out = Path(__file__).resolve().parent.parent / "requirements" / "cpu.lock"

@@ -18,19 +18,7 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check -
 # Two parts per core: wheels unpack at different speeds per MiB, and the cores stay busy to the end.
 parts=$(( 2 * $(nproc 2>/dev/null || echo 1) )); [ "$parts" -gt 8 ] && parts=8
 lockdir=$(mktemp -d); trap 'rm -rf "$lockdir"' EXIT
-"$py" - "$lockdir" "$parts" requirements/cpu.lock requirements/sglang.txt <<'PY'
-import re, sys
-rows = []
-for line in (line for path in sys.argv[3:] for line in open(path)):
-    req, _, size = line.partition("#")
-    if req.strip():
-        rows.append((int(re.search(r"\d+", size).group()) if re.search(r"\d+", size) else 0, req.strip()))
-n = int(sys.argv[2]); parts, load = [[] for _ in range(n)], [0] * n
-for mib, req in sorted(rows, reverse=True):     # largest first, each to the least-loaded part
-    i = load.index(min(load)); parts[i].append(req); load[i] += mib
-for i, reqs in enumerate(parts):
-    open(f"{sys.argv[1]}/part{i}.txt", "w").write("\n".join(reqs) + "\n")
-PY
+"$py" scripts/lock_cpu.py --parts "$parts" "$lockdir" requirements/cpu.lock requirements/sglang.txt
 pids=()
 for f in "$lockdir"/part*.txt; do pip_install --no-deps -r "$f" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid"; done

@@ -3,7 +3,8 @@
 The checks run tests/sglang_release_probe.py in a fresh process per release (one for all committed
 folders and dtypes): that release's loader reads each folder and its `_prepare_fused_moe_run` turns
 each entry into the keyword arguments its Triton kernel gets; a key outside the kernel's real
-signature is what crashed SGLang 0.5.16's server on the H200 (`USE_TMA` in the up file). 0.5.16's tree comes from scripts/setup.sh; 0.5.23 is installed.
+signature is what crashed SGLang 0.5.16's server on the H200 (`USE_TMA` in the up file). 0.5.16's
+tree comes from scripts/setup.sh; 0.5.23 is installed.
 """
 import functools
 import json

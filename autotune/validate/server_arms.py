@@ -39,11 +39,8 @@ _DOWN_REUSED = re.compile(r"Down MoE config file not found at " + _PATH + r"; re
 
 def one_batch_module(version: str) -> str:
     """The module `python -m` runs for SGLang's bench_one_batch: 0.5.23 moved it into sglang.benchmark."""
-    try:
-        newer = tuple(int(x) for x in version.split(".")[:3]) >= (0, 5, 23)
-    except ValueError:
-        newer = False
-    return "sglang.benchmark.one_batch" if newer else "sglang.bench_one_batch"
+    from ..sglang_versions import _key
+    return "sglang.benchmark.one_batch" if _key(version) >= (0, 5, 23) else "sglang.bench_one_batch"
 
 
 @dataclass
