@@ -287,14 +287,27 @@ def tuned_files(folder):
     return [p for p in folder.rglob("E=*.json") if p.name in names]
 
 
+def break_sqlite_file(db_path) -> bytes:
+    """Turn the whole database file to zeros under a running writer and return what it held.
+    Done inside our own exclusive lock, i.e. between the run's transactions: a commit in flight
+    rewrites page 1 and healed a broken header (CI, 2026-12-02: the run finished with exit 0)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db_path, timeout=60, isolation_level=None)) as c:
+        c.execute("BEGIN EXCLUSIVE")
+        keep = db_path.read_bytes()
+        with open(db_path, "r+b") as f:
+            f.write(b"\0" * len(keep))
+        c.execute("ROLLBACK")      # nothing changed through this connection: nothing is written
+    return keep
+
+
 def test_storage_lost_mid_run_exports_nothing_and_partial_needs_a_flag(tmp_path):
     db = tmp_path / "s.db"
     p = autotune(*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime", "1",
                  "--trials", "30", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out"), "--quiet")
     wait_for_trials(p, db, 10, "the run whose storage breaks")     # mid-search
-    keep = db.read_bytes()
-    with open(db, "r+b") as f:                     # the database file turns to garbage under the run
-        f.write(b"\0" * 4096)
+    keep = break_sqlite_file(db)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 3 and "storage lost mid-run" in out and "Traceback" not in out
     assert not any((tmp_path / "out").rglob("E=*.json"))
