@@ -113,7 +113,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     try:
-        from .kernels.triton_moe import sglang_context
+        from .kernels.sglang_loader import sglang_context
         from .models import problem_from_dict
         from sglang.srt import runtime_context as rc
 

@@ -66,7 +66,8 @@ def pair_us(cache, pk: str, M: int, up: dict, down: dict) -> float | None:
 
 def compare(configs: str | Path, grid: str | Path = GRID) -> list[dict]:
     from autotune.device import DeviceInfo
-    from autotune.kernels.triton_moe import TritonMoe, sglang_selection
+    from autotune.kernels.sglang_loader import sglang_selection
+    from autotune.kernels.triton_moe import TritonMoe
     from autotune.models import Problem
     from autotune.records import read_cache
 

@@ -12,12 +12,24 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # must be set before triton.jit decorates them, i.e. before any sglang kernel import.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
+
+
+def pytest_configure(config):
+    # SGLang's loader answers are remembered on disk (autotune/kernels/sglang_loader.py): one memo
+    # for this test session, shared by its xdist workers and the processes they start (they
+    # inherit the variable), never the user's own.
+    if "PYTEST_XDIST_WORKER" not in os.environ and "AUTOTUNE_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="autotune-test-cache-")
+        os.environ["AUTOTUNE_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")

@@ -117,7 +117,7 @@ def test_a_submodule_imports_where_its_package_init_needs_sgl_kernel(tmp_path, m
     # package attributes it reads, and any other import error must still surface.
     import sys
 
-    from autotune.kernels.triton_moe import sglang_submodule
+    from autotune.kernels.sglang_loader import sglang_submodule
 
     pkg = tmp_path / "fakequant"
     pkg.mkdir()

@@ -18,7 +18,7 @@ CONFIGS = [
 @pytest.mark.parametrize("gemm", ["gate_up", "down"])
 @pytest.mark.parametrize("config", CONFIGS, ids=["bm16", "bm32"])
 def test_sglang_kernel_matches_reference(gemm, config):
-    from autotune.kernels.triton_moe import sglang_context
+    from autotune.kernels.sglang_loader import sglang_context
     from sglang.srt import runtime_context as rc
 
     fam = TritonMoe()

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.export.overlay import overlay_shipped
-from autotune.kernels.triton_moe import builtin_config_dir, sglang_selection
+from autotune.kernels.sglang_loader import builtin_config_dir, sglang_selection
 from autotune.models import Problem
 from tests.conftest import GRID
 

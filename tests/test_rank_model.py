@@ -74,7 +74,7 @@ def test_block_fp8_rank_builds_under_sglangs_own_quantization_rules():
     keeps the DeltaNet b/a projections bf16 (8 rows per rank at TP8: no 128-block divides them,
     and SGLang 0.5.16 refused to build the layer on the H200 without this) and quantizes every
     other projection, each of whose per-rank dimensions the block divides."""
-    from autotune.kernels.triton_moe import sglang_submodule
+    from autotune.kernels.sglang_loader import sglang_submodule
     from autotune.validate.rank_model import block_fp8_dims
 
     fp8 = sglang_submodule("sglang.srt.layers.quantization", "fp8")

@@ -5,7 +5,8 @@ import pytest
 
 from autotune.device import DeviceInfo
 from autotune.export.sglang import config_dir, export_problem
-from autotune.kernels.triton_moe import TritonMoe, sglang_file_name, sglang_selection
+from autotune.kernels.sglang_loader import sglang_file_name, sglang_selection
+from autotune.kernels.triton_moe import TritonMoe
 from autotune.models import Problem
 from autotune.select import Choice
 
@@ -53,7 +54,7 @@ def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, mon
     """A server with a different Triton still finds the file (SGLang's newest-other-version rule)."""
     import triton
 
-    from autotune.kernels.triton_moe import sglang_config_module
+    from autotune.kernels.sglang_loader import sglang_config_module
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
     export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP)}, {})
@@ -61,7 +62,7 @@ def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, mon
     assert triton.__version__ != "3.6.0"
     monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path / rtx.file_name))
     monkeypatch.setattr(mod, "get_device_name", lambda *a: rtx.name)
-    from autotune.kernels.triton_moe import sglang_context
+    from autotune.kernels.sglang_loader import sglang_context
     from sglang.srt import runtime_context as rc
 
     mod.get_moe_configs.cache_clear()

@@ -43,6 +43,15 @@ def worker(study, trials, realtime, *extra):
                     "--quiet", *extra)
 
 
+def with_baselines(study, *extra):
+    """Measure the study's baselines (SGLang's default and shipped configs) at full replay speed,
+    plus one trial per study: a worker replaying slowly so that it can be killed inside a trial
+    then starts at its trials instead of spending half a minute on the baselines."""
+    p = worker(study, 1, 0.0, *extra)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+
+
 def studies(study):
     storage = optuna.storages.RDBStorage(PG)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)
@@ -146,6 +155,7 @@ def test_killed_worker_trial_is_retried_once_and_the_budget_is_met():
         return [t for s in studies(study).values() for t in s.trials
                 if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs]
 
+    with_baselines(study)
     for attempt in range(3):                       # kill it inside a trial (each ~0.5 s here)
         victim = worker(study, 15, 8.0)
         deadline = time.monotonic() + 120
@@ -204,6 +214,7 @@ def test_a_dead_workers_last_trial_of_a_study_is_still_retried():
     budget = 6
     for attempt in range(3):
         study = f"last-{uuid.uuid4().hex[:8]}"
+        with_baselines(study)
         victim = worker(study, budget, 8.0)
         deadline, hit = time.monotonic() + 150, None
         while time.monotonic() < deadline and victim.poll() is None and hit is None:

@@ -92,7 +92,7 @@ CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M
 
 def _tuned_folder(root: Path) -> Path:
     from autotune.device import cpu_interpreter
-    from autotune.kernels.triton_moe import sglang_file_name
+    from autotune.kernels.sglang_loader import sglang_file_name
 
     dev = cpu_interpreter()
     problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem

@@ -48,7 +48,8 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     """Copy the installed SGLang's shipped files for `device` (and the SKUs the folder also has
     copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
     writes into provenance.json."""
-    from ..kernels.triton_moe import TritonMoe, builtin_config_dir
+    from ..kernels.sglang_loader import builtin_config_dir
+    from ..kernels.triton_moe import TritonMoe
     from ..sglang_versions import installed
 
     folder = Path(device_folder)

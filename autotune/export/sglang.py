@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..device import DeviceInfo, utc_now
 from ..fsutil import read_json, write_json
-from ..kernels.triton_moe import sglang_file_name
+from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..select import Choice
 from ..sglang_versions import config_problem, valid_releases

@@ -7,144 +7,19 @@ tile rules, TMA), how SGLang sizes its buffers per GEMM, and the float32 referen
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 from .. import spaces
 from ..device import DeviceInfo
 from ..models import Problem
+from .sglang_loader import sglang_default_config, sglang_selection, triton_utils_module
 
 GEMMS = ("gate_up", "down")
 FP8_MAX = 448.0  # float8_e4m3fn
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
-
-
-# --- SGLang's runtime context and a "device view" for its loader ------------------------------
-
-@functools.lru_cache(maxsize=1)
-def sglang_context():
-    """SGLang's process config published from its default ServerArgs.
-
-    SGLang's default-config and loader functions read `get_exec()` (deterministic mode, fused
-    all-reduce), which raises until a context is published. Default ServerArgs, projected
-    without model resolution, is the smallest honest context: the values a server started
-    without those flags uses.
-    """
-    from sglang.srt import runtime_context as rc
-    from sglang.srt.server_args import ServerArgs
-
-    ctx = rc.RuntimeContext(parallel=rc.ParallelContext())
-    ctx.set_server_args(ServerArgs(model_path=tempfile.gettempdir()))
-    return ctx
-
-
-_TRITON_UTILS = "sglang.srt.layers.moe.moe_runner.triton_utils"
-
-
-def sglang_submodule(package: str, name: str, **package_attrs):
-    """`package.name`, also where the package's __init__ cannot import.
-
-    Some SGLang package __init__s import the AOT `sgl_kernel` wheel on CUDA for modules we never
-    use (the lent H200 has no such wheel; it is 373 MB). There the package namespace is
-    registered without running its __init__, carrying `package_attrs` (what the submodule reads
-    from it), and the submodule, SGLang's own code, imports as usual.
-    """
-    import importlib
-    import importlib.util
-    import sys
-
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ImportError as e:
-        if "sgl_kernel" not in str(e):
-            raise
-    spec = importlib.util.find_spec(package)
-    pkg = importlib.util.module_from_spec(spec)
-    for k, v in package_attrs.items():
-        setattr(pkg, k, v)
-    sys.modules[package] = pkg
-    return importlib.import_module(f"{package}.{name}")
-
-
-def triton_utils_module(name: str):
-    """A submodule of SGLang's triton_utils package. Its __init__ imports fused_moe (sgl_kernel on
-    CUDA); the one function the loader reads from the package, `get_config()` (the
-    `override_config` context), answers "no override", as it does when none is active."""
-    return sglang_submodule(_TRITON_UTILS, name, get_config=lambda: None)
-
-
-def sglang_config_module():
-    return triton_utils_module("fused_moe_triton_config")
-
-
-def builtin_config_dir() -> str:
-    return os.path.dirname(os.path.realpath(sglang_config_module().__file__))
-
-
-@contextlib.contextmanager
-def sglang_view(device: DeviceInfo, config_dir: str | None = None):
-    """Run SGLang's config functions as they behave on `device` (its name, Triton version and
-    shared memory), reading configs from `config_dir` (default: SGLang's built-in folder).
-
-    On the GPU itself the patches are no-ops; they let a replay or a planning run on the CPU
-    answer "what would SGLang load on an H200 / RTX PRO 6000".
-    """
-    import logging
-    import types
-
-    from sglang.srt import runtime_context as rc
-
-    mod = sglang_config_module()
-    log = logging.getLogger(mod.__name__)
-    saved_level = log.level
-    saved = {k: getattr(mod, k) for k in ("get_device_name", "triton", "_get_cuda_shared_memory_per_block_optin")}
-    saved_env = os.environ.get("SGLANG_MOE_CONFIG_DIR")
-    triton_version = device.versions.get("triton") or saved["triton"].__version__
-    try:
-        mod.get_device_name = lambda *a, **k: device.name
-        mod.triton = types.SimpleNamespace(__version__=triton_version)
-        mod._get_cuda_shared_memory_per_block_optin = lambda: device.smem_optin
-        os.environ["SGLANG_MOE_CONFIG_DIR"] = config_dir or builtin_config_dir()
-        mod.get_moe_configs.cache_clear()
-        # Its "config file not found, using default" warning is the expected answer here.
-        log.setLevel(logging.ERROR)
-        with rc.use_context(sglang_context()):
-            yield mod
-    finally:
-        log.setLevel(saved_level)
-        for k, v in saved.items():
-            setattr(mod, k, v)
-        if saved_env is None:
-            os.environ.pop("SGLANG_MOE_CONFIG_DIR", None)
-        else:
-            os.environ["SGLANG_MOE_CONFIG_DIR"] = saved_env
-        mod.get_moe_configs.cache_clear()
-
-
-def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: str | None = None):
-    """(gate_up config, down config, file found) exactly as SGLang's loader picks them at M."""
-    bs = list(problem.block_shape) if problem.block_shape else None
-    with sglang_view(device, config_dir) as mod:
-        found = mod.get_moe_configs(problem.E, problem.N, problem.sglang_dtype,
-                                    bs[0] if bs else 0, bs[1] if bs else 0) is not None
-        up, (down, _) = mod.try_get_optimal_moe_config(
-            (problem.E, 2 * problem.N, problem.K), (problem.E, problem.K, problem.N), problem.top_k,
-            problem.sglang_dtype, M, block_shape=bs, return_down_config=True)
-    up = dict(up)
-    # SGLang runs the down GEMM with `down_config or config`; TMA only from a `_down` file.
-    down = dict(down) if down else {k: v for k, v in up.items() if k != "USE_TMA"}
-    return up, down, found
-
-
-def sglang_file_name(problem: Problem, device: DeviceInfo, down: bool = False) -> str:
-    bs = list(problem.block_shape) if problem.block_shape else None
-    with sglang_view(device) as mod:
-        return mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype, bs, down_moe=down)
 
 
 def tma_supported() -> bool:
@@ -301,10 +176,7 @@ class TritonMoe:
 
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
         """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""
-        with sglang_view(device) as mod:
-            bs = list(problem.block_shape) if problem.block_shape else None
-            default = dict(mod.get_default_config(M, problem.E, problem.N, problem.K, problem.top_k,
-                                                  problem.sglang_dtype, False, bs))
+        default = sglang_default_config(problem, M, device)
         out = {"default": {"gate_up": default, "down": dict(default)}}
         up, down, found = sglang_selection(problem, M, device)
         if found:

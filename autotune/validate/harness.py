@@ -250,7 +250,7 @@ class DecodeHarness(MoeSides):
         import torch
         from sglang.srt import runtime_context as rc
 
-        from ..kernels.triton_moe import sglang_context
+        from ..kernels.sglang_loader import sglang_context
 
         scale = self.shapes.num_layers / self.layers if self.shapes.num_layers else 1.0
         runs, configs, checks, moe = [], {}, {}, {}

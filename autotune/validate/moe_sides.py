@@ -34,7 +34,8 @@ class MoeSides:
                  configs: dict | None = None):
         """`configs`: (M, side) -> SideConfig given instead of read through SGLang's loader (the run's
         layer check times the pairs its selection re-measured)."""
-        from ..kernels.triton_moe import TritonMoe, compute_dtype, sglang_file_name
+        from ..kernels.sglang_loader import sglang_file_name
+        from ..kernels.triton_moe import TritonMoe, compute_dtype
 
         self.problem, self.device, self.on_cpu = problem, device, on_cpu
         self.tuned_dir = Path(tuned_dir)
@@ -51,7 +52,7 @@ class MoeSides:
     # -- configs ---------------------------------------------------------------------------------
     def side_config(self, M: int, side: str) -> SideConfig:
         """The (gate_up, down) configs SGLang's loader picks at M for this side."""
-        from ..kernels.triton_moe import sglang_selection
+        from ..kernels.sglang_loader import sglang_selection
 
         key = (M, side)
         if key not in self._sides:
@@ -199,7 +200,8 @@ def time_sides(sides: MoeSides, batch_sizes, repeats: int = 5, seed: int = 3) ->
     repeats), "<side> spread" ((max - min) / median), "<side> source", "<side> error"}."""
     import torch
 
-    from ..kernels.triton_moe import random_routing, sglang_context
+    from ..kernels.sglang_loader import sglang_context
+    from ..kernels.triton_moe import random_routing
     from sglang.srt import runtime_context as rc
 
     up_w, down_w = sides.expert_weights(seed)

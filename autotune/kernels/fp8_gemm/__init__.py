@@ -22,7 +22,7 @@ BLOCK = (128, 128)
 def sglang_fp8_utils():
     """SGLang's fp8_utils module. Its package's __init__ imports sgl_kernel on CUDA (gguf.py);
     fp8_utils itself does not, so it is imported without that __init__ where the wheel is absent."""
-    from ..triton_moe import sglang_submodule
+    from ..sglang_loader import sglang_submodule
     return sglang_submodule("sglang.srt.layers.quantization", "fp8_utils")
 
 

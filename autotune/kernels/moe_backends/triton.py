@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from ...backends import HOPPER_AND_UP
 from ..runner import Runner
-from ..triton_moe import sglang_align_block_size, sglang_selection
+from ..sglang_loader import sglang_selection
+from ..triton_moe import sglang_align_block_size
 from . import MoeLayerInputs, _device
 
 
