@@ -7,6 +7,8 @@ lines: a header naming the device and versions, then one record per line. It is 
 """
 from __future__ import annotations
 
+import collections
+import copy
 import gzip
 import json
 import zlib
@@ -118,6 +120,12 @@ class Cache:
         key = (problem, gemm, M, config_key(config))
         return (self.careful.get(key) if careful else None) or self.records.get(key)
 
+    def copy(self) -> "Cache":
+        """A cache whose books can change without changing this one's (Measurements are never
+        changed in place: add replaces them)."""
+        return Cache(copy.deepcopy(self.device), dict(self.records), dict(self.problems), copy.deepcopy(self.notes),
+                     dict(self.careful))
+
 
 def write_cache(path: str | Path, cache: Cache) -> None:
     """Atomic: a temp file beside the target, then rename."""
@@ -137,8 +145,31 @@ class CacheError(ValueError):
     pass
 
 
+# Recordings read in this process, by (path, inode, size, mtime): one process that runs several replays
+# (the test suite, a run of several families) parses a 30k-record recording once, not per run.
+_READ: collections.OrderedDict = collections.OrderedDict()
+_READ_KEEP = 4
+
+
 def read_cache(path: str | Path) -> Cache:
     path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns) if st is not None else None
+    if key in _READ:
+        _READ.move_to_end(key)
+        return _READ[key].copy()
+    cache = _parse_cache(path)
+    if key is not None:
+        _READ[key] = cache.copy()
+        while len(_READ) > _READ_KEEP:
+            _READ.popitem(last=False)
+    return cache
+
+
+def _parse_cache(path: Path) -> Cache:
     try:
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
             header = json.loads(f.readline())

@@ -208,3 +208,21 @@ def test_a_run_of_decode_batch_sizes_only_says_the_prefill_mix_was_not_measured(
     assert server_args.read_values(folder / "server_args.yaml") == {"fp8-gemm-backend": "triton"}
     choice = json.loads((folder / "backend_choice.json").read_text())["families"]["fp8_gemm"]["server_choice"]
     assert choice["prefill"]["backend"] is None and choice["prefill"]["gain_vs_auto"] is None
+
+
+def test_a_recording_read_again_is_its_current_content_and_each_reader_owns_its_copy(cache_path):
+    """read_cache keeps what it parsed for later runs in the same process: a rewritten file is read
+    anew, and what one reader adds is not in the next reader's cache."""
+    from autotune.records import read_cache
+
+    first = read_cache(cache_path)
+    n = len(first.records)
+    extra = Measurement("E=1,N=1,K=1,topk=1,bf16", "layer", 1, {"backend": "triton", "tactic": -1}, "ok",
+                        time_us=1.0)
+    first.add(extra)
+    first.device["name"] = "changed by its reader"
+    second = read_cache(cache_path)
+    assert len(second.records) == n and second.device["name"] == "NVIDIA H200"
+    write_cache(cache_path, first)                  # the file itself changes: the next read sees it
+    third = read_cache(cache_path)
+    assert len(third.records) == n + 1 and third.device["name"] == "changed by its reader"
