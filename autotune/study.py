@@ -131,11 +131,19 @@ def _fail_dead_trials(study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def _requeue(study, trial, why: str) -> None:
-    """Fail a trial that was never told, with the reason, and queue its parameters to be asked next."""
+def _requeue(study, trial, why: str, names) -> None:
+    """Fail a trial that was never told, with the reason, and queue what its ask must be again.
+    Optuna stores an ask's parameters one commit at a time, so a stop can land inside `ask`:
+    - all of `names` set: the ask was done and the config being checked or measured is queued;
+    - else the parameters the ask took from the queue, if any (the rest is sampled again);
+    - else nothing: the resumed run asks afresh with the same seed (a failed trial is not counted
+      as an ask), and samples what the stopped ask would have. Queuing the half it had set made
+      the resumed run sample the other half differently (CI, 2026-12-02: a divergent resume)."""
     fail_reason(study, trial.number, why)
     study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-    study.enqueue_trial(trial.params, skip_if_exists=False)
+    params = trial.params if set(names) <= set(trial.params) else trial.system_attrs.get("fixed_params")
+    if params:
+        study.enqueue_trial(params, skip_if_exists=False)
 
 
 def _trailing_duplicates(trials) -> int:
@@ -274,7 +282,8 @@ class ProblemTuner:
                 if resume and not self.shared:
                     # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
                     # Ask its parameters again first, so the resumed run follows the same path.
-                    _requeue(slot.study, t, "interrupted (the run was stopped); asked again on resume")
+                    _requeue(slot.study, t, "interrupted (the run was stopped); asked again on resume",
+                             self.dists[slot.gemm])
                     slot.indexed.add(t.number)
                     asks -= 1
                 continue
@@ -394,7 +403,7 @@ class ProblemTuner:
                 if "shared_from" in t.user_attrs or (self.shared and t._trial_id not in self._running):
                     continue
                 try:
-                    _requeue(slot.study, t, why)
+                    _requeue(slot.study, t, why, self.dists[slot.gemm])
                 except Exception:      # told meanwhile, or the storage is gone: resume copes
                     pass
 

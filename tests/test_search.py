@@ -168,3 +168,60 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
         configs.append({k: rng.choice([True, False, 0, 1, 16, 256, -3]) for k in keys})
     for c in configs:
         assert config_key(c) == json.dumps(canonical(c), separators=(",", ":")), c
+
+
+class _Stopped(BaseException):
+    """A stop the search does not handle (SIGKILL): whatever was RUNNING stays RUNNING."""
+
+
+def _resumable_run(grid_cache, storage):
+    from autotune.models import Problem
+
+    p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
+    pool = ReplayPool(grid_cache)
+    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=8, seed=4))
+    t.measure_baselines()
+    t.search()
+
+
+def _asks(storage):
+    return {s.study_name: [t.params for t in optuna.load_study(study_name=s.study_name, storage=storage).trials
+                           if t.user_attrs.get("asked")] for s in optuna.get_all_study_summaries(storage)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_asks(grid_cache):
+    storage = optuna.storages.InMemoryStorage()
+    _resumable_run(grid_cache, storage)
+    return _asks(storage)
+
+
+@pytest.mark.parametrize("ask,stop", [("sampled", KeyboardInterrupt), ("sampled", _Stopped), ("queued", _Stopped)])
+def test_a_run_stopped_inside_an_ask_resumes_to_the_uninterrupted_runs_asks(grid_cache, uninterrupted_asks, ask, stop):
+    """Optuna stores an ask's parameters one at a time (one commit each in a database): a stop can
+    leave a trial with half of them. The resumed run must ask exactly what the uninterrupted run
+    asked, whether the stop was handled (Ctrl-C: the trial is re-queued at once) or not (a kill:
+    re-queued on resume), and whether the stopped ask was sampled or took fixed parameters from
+    the queue (CI, 2026-12-02: a resumed run diverged after a kill inside a sampled ask)."""
+    storage = optuna.storages.InMemoryStorage()
+    set_param, seen = storage.set_trial_param, []
+
+    def stop_half_way(trial_id, *param):
+        t = storage.get_trial(trial_id)
+        fixed = t.system_attrs.get("fixed_params")
+        half_way = (fixed is None and len(t.params) == 2) if ask == "sampled" else \
+            (fixed is not None and len(fixed) < 6 and len(t.params) == len(fixed) + 1)
+        if half_way and "asked" not in t.user_attrs:
+            seen.append(trial_id)
+            if len(seen) == 3:                 # past the first asks
+                raise stop()
+        return set_param(trial_id, *param)
+    storage.set_trial_param = stop_half_way
+    with pytest.raises(stop):
+        _resumable_run(grid_cache, storage)
+    storage.set_trial_param = set_param
+    stopped = storage.get_trial(seen[-1])
+    assert 0 < len(stopped.params) < 6 and stopped.state == (
+        optuna.trial.TrialState.FAIL if stop is KeyboardInterrupt else optuna.trial.TrialState.RUNNING)
+    _resumable_run(grid_cache, storage)
+    assert _asks(storage) == uninterrupted_asks

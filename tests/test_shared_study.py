@@ -255,7 +255,6 @@ def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forev
     assert len([t for t in s.trials if t.user_attrs.get("asked")]) == 5
 
 
-@pytest.mark.alone
 def test_killed_sqlite_run_resumes_and_exports_what_an_uninterrupted_run_does(tmp_path):
     common = [*RUN, "--batch-sizes", "1,8,64", "--replay", str(GRID), "--trials", "10", "--quiet"]
     a = autotune(*common, "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "a"))
