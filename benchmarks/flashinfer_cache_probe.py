@@ -12,6 +12,8 @@ three ways, in this order:
   fi_auto   FlashInfer's own autotuning (`with autotune(True)`: one call profiles every tactic at
             every bucket, as SGLang's start-up warm-up does), then its pick, outside tuning mode
   default2  right after `default`, the same again (before any cache is loaded)
+  metadata  after FlashInfer's `_collect_metadata()` alone (what load_configs runs first: it queries the
+            cuBLAS and cuDNN versions and the CuTe-DSL stack), tactic -1 once more
   again     the cache cleared, tactic -1 once more: the same kernel as `default`, later in the same
             process (sessions 8 and 9 saw the first row's first arms agree with the run and every later
             arm, `default` of later rows included, 2.6-4 µs slower)
@@ -77,12 +79,14 @@ class Spy:
 def table(rows: list[dict]) -> str:
     def us(r, k):
         return f"{r[f'{k} µs']:.2f}" if r.get(f"{k} µs") is not None else "-"
-    out = ["| shape | backend | M | run: -1 µs | run: pick µs | pick | probe: default µs | probe: pinned µs "
-           "| probe: direct µs | FlashInfer's own pick | its µs | probe: default again µs | served from cache |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| shape | backend | M | run: -1 µs | run: pick µs | pick | probe: default µs | default2 µs | after metadata µs "
+           "| probe: pinned µs | probe: direct µs | FlashInfer's own pick | its µs | probe: default again µs "
+           "| served from cache |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['problem'].split(',')[0]} | {r['backend'].removeprefix('flashinfer_')} | {r['M']} | "
-                   f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'pinned')} | "
+                   f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'default2')} | "
+                   f"{us(r, 'metadata')} | {us(r, 'pinned')} | "
                    f"{us(r, 'direct')} | `{', '.join(r['fi_auto tactic'])}` | {us(r, 'fi_auto')} | {us(r, 'again')} | "
                    f"{'yes' if r['served pinned'] else 'NO'} |")
     return "\n".join(out)
@@ -101,6 +105,7 @@ def main() -> int:
 
     import torch
     from flashinfer.autotuner import AutoTuner, _tactic_to_json, autotune
+    from flashinfer.autotuner.autotuner import _collect_metadata
 
     from autotune.kernels.fp8_gemm import Fp8Gemm
     from autotune.kernels.runner import discover
@@ -140,6 +145,9 @@ def main() -> int:
         # The same once more before the cache is loaded: is any later timing in this process slower, or only
         # those after load_configs / FlashInfer's own tuning?
         res.update({k: v for k, v in timed("default2").items() if k in ("default2 µs", "default2 calls")})
+        # load_configs' first step on its own: does querying the library versions slow what follows?
+        _collect_metadata()
+        res.update({k: v for k, v in timed("metadata").items() if k in ("metadata µs", "metadata calls")})
         if not tuner.load_configs(args.cache):
             print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
             return 1
