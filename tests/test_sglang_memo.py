@@ -94,3 +94,13 @@ def test_a_run_with_the_answers_remembered_never_imports_sglang_and_exports_the_
     assert files == sorted(p.relative_to(tmp_path / "warm") for p in (tmp_path / "warm").rglob("E=*.json"))
     for f in files:
         assert (tmp_path / "cold" / f).read_bytes() == (tmp_path / "warm" / f).read_bytes()
+
+
+def test_a_remembered_answer_of_the_wrong_form_is_asked_again(fresh_memo, h200):
+    """A memo damaged or edited by hand: each answer that is not of its question's form is SGLang's
+    again, and replaced in the file."""
+    right = (sglang_selection(QWEN_TP4, 8, h200), sglang_default_config(QWEN_TP4, 8, h200))
+    memo_path().write_text(json.dumps({k: "garbage" for k in json.loads(memo_path().read_text())}))
+    sglang_loader._memo = None
+    assert (sglang_selection(QWEN_TP4, 8, h200), sglang_default_config(QWEN_TP4, 8, h200)) == right
+    assert "garbage" not in json.loads(memo_path().read_text()).values()

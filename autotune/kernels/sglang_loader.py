@@ -146,14 +146,16 @@ def sglang_default_config(problem: Problem, M: int, device: DeviceInfo) -> dict:
         with sglang_view(device) as mod:
             return dict(mod.get_default_config(M, problem.E, problem.N, problem.K, problem.top_k,
                                                problem.sglang_dtype, False, _block_shape(problem)))
-    return _remembered(("default", _problem_key(problem), M, _device_key(device)), ask)
+    return _remembered(("default", _problem_key(problem), M, _device_key(device)), ask, _is_config)
 
 
 def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: str | None = None):
     """(gate_up config, down config, file found) exactly as SGLang's loader picks them at M."""
+    folder = config_dir or builtin_config_dir()
+
     def ask():
         bs = _block_shape(problem)
-        with sglang_view(device, config_dir) as mod:
+        with sglang_view(device, folder) as mod:
             found = mod.get_moe_configs(problem.E, problem.N, problem.sglang_dtype,
                                         bs[0] if bs else 0, bs[1] if bs else 0) is not None
             up, (down, _) = mod.try_get_optimal_moe_config(
@@ -163,9 +165,10 @@ def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: s
         # SGLang runs the down GEMM with `down_config or config`; TMA only from a `_down` file.
         down = dict(down) if down else {k: v for k, v in up.items() if k != "USE_TMA"}
         return [up, down, found]
-    folder = config_dir or builtin_config_dir()
     up, down, found = _remembered(("selection", _problem_key(problem), M, _device_key(device),
-                                   os.path.realpath(folder), _folder_signature(folder, device)), ask)
+                                   os.path.realpath(folder), _folder_signature(folder, device)), ask,
+                                  lambda a: isinstance(a, list) and len(a) == 3 and _is_config(a[0])
+                                  and _is_config(a[1]) and isinstance(a[2], bool))
     return up, down, found
 
 
@@ -174,7 +177,12 @@ def sglang_file_name(problem: Problem, device: DeviceInfo, down: bool = False) -
         with sglang_view(device) as mod:
             return mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype, _block_shape(problem),
                                             down_moe=down)
-    return _remembered(("file_name", _problem_key(problem), down, _device_key(device)), ask)
+    return _remembered(("file_name", _problem_key(problem), down, _device_key(device)), ask,
+                       lambda a: isinstance(a, str) and a.endswith(".json"))
+
+
+def _is_config(a) -> bool:
+    return isinstance(a, dict) and all(isinstance(v, int) for v in a.values())
 
 
 def _problem_key(problem: Problem) -> list:
@@ -240,8 +248,9 @@ def _sglang_identity() -> list | None:
 _memo: dict | None = None
 
 
-def _remembered(question: tuple, ask):
-    """SGLang's answer to `question`, from the memo or by asking it (then remembered)."""
+def _remembered(question: tuple, ask, valid):
+    """SGLang's answer to `question`, from the memo or by asking it (then remembered). A remembered
+    answer that is not `valid` (a memo edited or damaged by hand) is asked again and replaced."""
     global _memo
     ident = _sglang_identity()
     if ident is None:                 # SGLang not where find_spec looks: nothing to key on
@@ -249,7 +258,7 @@ def _remembered(question: tuple, ask):
     key = json.dumps([ident, *question])
     if _memo is None:
         _memo = _read_memo()
-    if key in _memo:
+    if key in _memo and valid(_memo[key]):
         return copy.deepcopy(_memo[key])        # callers may change what they get
     answer = json.loads(json.dumps(ask()))      # the same JSON form a later process reads
     latest = _read_memo()                       # another process may have added answers meanwhile
