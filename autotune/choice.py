@@ -23,6 +23,7 @@ import optuna
 from . import records
 from .finalists import TUNED, Finalist, remeasure, score, winner
 from .kernels.backend_family import LAYER
+from .measure import noise
 from .records import Measurement, config_key
 from .worker import Task, run_tasks
 
@@ -58,6 +59,14 @@ class Choice:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def pins_over_default(tactic: Measurement | None, default: Measurement | None) -> bool:
+    """Whether a tactic's re-measured time beats its backend's default (-1) by more than the
+    noise (the larger of the two spreads, at least measure.MIN_EFFECT)."""
+    if tactic is None or default is None or not (tactic.ok and default.ok) or tactic.config.get("tactic", -1) == -1:
+        return False
+    return tactic.time_us * (1 + noise(tactic.spread, default.spread)) < default.time_us
 
 
 class BackendTuner:
@@ -230,7 +239,10 @@ class BackendTuner:
     def tactic_choices(self) -> dict[str, dict[int, Choice]]:
         """backend -> M -> its best correct tactic, re-measured beside its own default (-1) as
         `select` re-measures: what FlashInfer's cache pins for that backend wherever SGLang runs it,
-        whichever backend wins the M overall. A tactic wins only by beating -1 (ties keep -1)."""
+        whichever backend wins the M overall. A tactic wins only by beating -1 beyond the noise
+        (`pins_over_default`): a gain inside it does not carry to another process (H200, session
+        11: a 1.5% pick came out 1.4% slower than -1 in a fresh process), and every pin is a
+        non-default code path in production for no measurable gain."""
         bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
         plans: dict = {}
         for b in self.names:
@@ -250,7 +262,14 @@ class BackendTuner:
             for M, cands in plan.items():
                 together.setdefault(M, []).extend(cands)
         self._remeasure(together)
-        return {b: self._choose(plan, {"backend": b, "tactic": -1}) for b, plan in plans.items()}
+        out = {}
+        for b, plan in plans.items():
+            default = {"backend": b, "tactic": -1}
+            out[b] = {M: c if pins_over_default(self.careful.get((LAYER, M, config_key(c.config))),
+                                                self.careful.get((LAYER, M, config_key(default))))
+                      else Choice(M, default, c.auto_us, c.auto_us, c.candidates)
+                      for M, c in self._choose(plan, default).items() if c.auto_us is not None}
+        return out
 
     def _remeasure(self, plan: dict) -> None:
         def store(gemm, m):

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 L2_FLUSH_BYTES = 256 << 20   # several times the largest L2 we target (H200: 60 MB)
 WARMUP_MS = 30.0             # back-to-back GPU work before the timed replays (Triton's do_bench: 25 ms)
 WARMUP_REPLAYS_MAX = 2000
+MIN_EFFECT = 0.01            # the smallest difference between two timings taken as real (1%)
+
+
+def noise(*spreads: float) -> float:
+    """The relative difference two timings must exceed to count: their larger spread, at least MIN_EFFECT."""
+    return max(MIN_EFFECT, *spreads)
 
 
 @dataclass
@@ -60,8 +66,27 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], q[1], q[2]
 
 
+_PRIMED = False
+
+
 def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0) -> Timing:
-    """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph."""
+    """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph.
+
+    The first timing of a process is done twice and the first result dropped: on the H200 a process
+    alone on the GPU times its first graph measurement ~0.35 µs per kernel launch faster than every
+    later one (the same launch included; another process running a kernel in between restores the
+    first state, so a run's workers, which share the GPU, always time like a first measurement).
+    Dropping it keeps every timing of a lone process (check, the layer check, the harness) in one
+    state, so the side timed first is not favoured (benchmarks/timing_state_probe.py, NOTES session 11).
+    """
+    global _PRIMED
+    if not _PRIMED:
+        _PRIMED = True
+        _time_graph(launch, n_routings, 3, target_ms)
+    return _time_graph(launch, n_routings, repeats, target_ms)
+
+
+def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timing:
     import torch
 
     t0 = time.perf_counter()

@@ -18,6 +18,12 @@ CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
 # The H200 bf16 run of 2026-12-01: 243.7 s of wall time against 121 s of this model for its 4500 planned
 # measurements (docs/PERFORMANCE.md): worker start-up, JIT builds and scheduling are not in the recording.
 WALL_FACTOR = 2.0
+# Backend families: a default and a re-measurement per available backend, ~8 measurements per (problem, M);
+# each backend with FlashInfer tactics adds what its runner lists there, known only on the GPU. The H200
+# fp8_gemm run of 2026-12-03 (cuBLAS + cuDNN: 544 measurements for 4 shapes x 4 M) averaged ~13 per
+# tunable backend per (problem, M).
+BACKENDS_PER_M = 8
+TACTICS_PER_TUNABLE = 13
 
 
 @dataclass
@@ -49,9 +55,13 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
                          f"({', '.join(str(len(p.batch_sizes)) for p in fp.problems)}) = {sum(per)} studies of "
                          f"{trials} trials; ~{n} measurements")
         else:
-            n = sum(len(p.batch_sizes) for p in fp.problems) * 8
-            lines.append(f"  {fp.name}: {len(fp.problems)} problems, every available backend at every batch size; "
-                         f"~{n} measurements")
+            from .backends import runners
+            tunable = sum(r.tunable and r.name not in getattr(fp.family, "skip", ()) for r in runners(fp.name))
+            n = sum(len(p.batch_sizes) for p in fp.problems) * (BACKENDS_PER_M + TACTICS_PER_TUNABLE * tunable)
+            tactics = (f", and every tactic FlashInfer's runners list for its {tunable} backend{'s' * (tunable != 1)} with tactics "
+                       f"(~{TACTICS_PER_TUNABLE} each per shape and batch size on the H200)" if tunable else "")
+            lines.append(f"  {fp.name}: {len(fp.problems)} problems, every available backend at every batch size"
+                         f"{tactics}; ~{n} measurements")
         total += n
     basis, cost = "", None
     try:

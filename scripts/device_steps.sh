@@ -12,6 +12,8 @@
 #   tactics    issue 10: the FP8 GEMM backends with every tactic FlashInfer's runners offer (TACTIC_BS
 #              batch sizes), FlashInfer's cache and blocklist written, --json summary in $WORK/tactics.json
 #   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py
+#   state      what sets a lone process's later CUDA-graph timings apart: benchmarks/timing_state_probe.py
+#              (STATE_ORDERS, default: the script's own set)
 #   warm       issue 12: cold vs --warm-start runs of E=256,N=128 and E=512,N=256 bf16 (WARM_RUNS, WARM_BS, WARM_TRIALS)
 #   check      issue 12: `autotune check` of the committed H200 folder: versions, then each Triton MoE file
 #              re-timed as SGLang runs the layer, tuned vs shipped vs default (CHECK_BS batch sizes)
@@ -75,6 +77,11 @@ step_tactics() {
 step_probe() {
   python3 benchmarks/flashinfer_cache_probe.py --summary "$WORK/tactics.json" \
      --cache "$WORK/tactics/NVIDIA_H200/flashinfer_autotune_cache.json" --out "$WORK/probe.json"
+}
+
+step_state() {
+  # shellcheck disable=SC2086  # STATE_ORDERS is a list of orders
+  python3 benchmarks/timing_state_probe.py --out "$WORK/state.json" ${STATE_ORDERS:-}
 }
 
 step_check() {

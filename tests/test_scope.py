@@ -30,3 +30,18 @@ def test_no_gpu_and_no_replay_is_one_line(tmp_path, capsys):
     assert main(BASE + ["--dry-run", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no GPU visible" in err[0] and not (tmp_path / "o").exists()
+
+
+FP8_GEMM = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "fp8_gemm", "--batch-sizes", "1,8,64,512",
+            "--replay", str(REFERENCE.parent / "h200_fp8_gemm_2026-12-01.jsonl.gz"), "--dry-run"]
+
+
+def test_backend_runs_count_flashinfers_tactics(tmp_path, capsys):
+    """The H200 fp8_gemm run of these 4 shapes x 4 M made 544 measurements, most of them tactics of the
+    cuBLAS and cuDNN runners: an estimate of defaults only (128) was 4x short."""
+    assert main(FP8_GEMM + ["--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert "for its 2 backends with tactics" in text and "544 measurements planned" in text
+    assert main(FP8_GEMM + ["--out", str(tmp_path / "o"), "--skip-backends", "flashinfer_cudnn"]) == 0
+    text = capsys.readouterr().out
+    assert "for its 1 backend with tactics" in text and f"{16 * (8 + 13)} measurements planned" in text

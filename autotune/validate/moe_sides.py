@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..measure import noise
 from . import HarnessError
 
 SIDES = ("heuristic", "default", "tuned")
@@ -178,7 +179,6 @@ class MoeSides:
 
 
 # The smallest difference ever acted on, whatever the spread says.
-MIN_EFFECT = 0.01
 # What each baseline side runs, by the name reports use: "default" = what SGLang loads from its own
 # folder (its shipped file, else its default config), "heuristic" = SGLang's default config.
 BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
@@ -186,11 +186,11 @@ BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
 
 def verdict(row: dict) -> dict:
     """A time_sides row judged: the faster baseline side, its µs, the noise threshold (the larger of
-    the two sides' spreads, at least MIN_EFFECT) and whether tuned is slower than it beyond that."""
+    the two sides' spreads, at least measure.MIN_EFFECT) and whether tuned is slower than it beyond that."""
     best = min(BASELINE_OF_SIDE, key=lambda s: row[f"{s} µs"])
-    noise = max(MIN_EFFECT, row["tuned spread"], row[f"{best} spread"])
-    return {"side": best, "name": BASELINE_OF_SIDE[best], "us": row[f"{best} µs"], "noise": noise,
-            "slower": row["tuned µs"] > row[f"{best} µs"] * (1 + noise)}
+    margin = noise(row["tuned spread"], row[f"{best} spread"])
+    return {"side": best, "name": BASELINE_OF_SIDE[best], "us": row[f"{best} µs"], "noise": margin,
+            "slower": row["tuned µs"] > row[f"{best} µs"] * (1 + margin)}
 
 
 def time_sides(sides: MoeSides, batch_sizes, repeats: int = 5, seed: int = 3) -> list[dict]:

@@ -1,0 +1,177 @@
+"""Which part of a timed bmm_fp8 call gets slower after a process's first measurement? (issue 10)
+
+The cache probe (flashinfer_cache_probe.py) showed it on the H200: the first `time_gpu` of a fresh
+process agrees with the tuning run's workers, and every later one in that process, the very same
+launch included, is ~2.9 µs per call slower. This runs the pieces of that launch in fresh
+processes, each in a given order, so the numbers say which piece carries the change and whether
+anything in time_gpu's own state (the L2-flush buffer, cached memory) sets it:
+  full    FlashInfer's public bmm_fp8 (cuBLAS, tactic -1) with the activation quantized per call,
+          as autotune.kernels.fp8_gemm times it
+  gemm    bmm_fp8 alone on operands quantized beforehand
+  quant   the per-call activation quantization alone (torch ops)
+  sgquant SGLang's per-tensor FP8 quantization kernel (what its FP8 linears run) alone
+  mm      a bf16 torch.mm of the same shape (cuBLAS through torch)
+Orders (one fresh process each) are lists of those names and of steps between measurements:
+  flush      allocate time_gpu's L2-flush buffer now     empty   empty torch's cached memory
+  sleep      2 s with the GPU idle                       other   another process runs a kernel and exits
+  graph      capture, replay and drop a one-kernel graph busy    2 s of back-to-back eager `full` calls
+  events     record 50 pairs of timing events around eager `full` calls, read them
+  replays    500 replays of a 10-call graph of `full`, no events
+and of switches for the rest of the process:
+  keep       time_gpu's graphs are never destroyed       onestream  every graph captured on one stream
+  noflush    no L2 flush before the timed replays
+
+usage: python benchmarks/timing_state_probe.py [--out rows.json] [--M 1] [ORDER ...]
+       (ORDER like full,full,full; without orders, the built-in set)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ORDERS = ["full,sleep,full,sleep,full", "full,other,full,other,full", "graph,full,full",
+          "noflush,full,full,full", "keep,full,full,full", "onestream,full,full,full", "busy,full,full",
+          "full,full,full,full"]
+OTHER = "import torch; x = torch.ones(1 << 20, device='cuda'); print(x.sum().item())"
+
+
+def one_process(order: list[str], M: int) -> list[dict]:
+    import torch
+
+    from autotune import measure
+    from autotune.kernels.fp8_gemm import Fp8Gemm, per_tensor_x
+    from autotune.kernels.runner import discover
+    from autotune.models import GemmProblem
+
+    problem = GemmProblem("attn_qkv+linear_in_proj_qkvz", 2560, 4096, "fp8_w8a8_block")
+    runner = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}["flashinfer_cublas"]
+    routings = 10
+    inputs = Fp8Gemm().make_inputs(problem, "layer", M, routings=routings)
+    pre = [runner._operands(inputs, i) for i in range(routings)]
+    w_bf16 = [w.to(torch.bfloat16) for w in [inputs.w_ref]]
+
+    def sg_quant(i):
+        try:                                   # SGLang 0.5.23's place, then older releases'
+            from sglang.kernels.ops.quantization.fp8_kernel import scaled_fp8_quant
+        except ImportError:
+            from sglang.srt.layers.quantization.fp8_kernel import scaled_fp8_quant
+        return scaled_fp8_quant(inputs.x[i])
+
+    import flashinfer
+    launches = {
+        "full": lambda i: runner.run(inputs, i, -1),
+        "gemm": lambda i: flashinfer.bmm_fp8(*pre[i][:4], torch.bfloat16, out=pre[i][4], backend="cublas"),
+        "quant": lambda i: per_tensor_x(inputs.x[i]),
+        "sgquant": sg_quant,
+        "mm": lambda i: torch.mm(inputs.x[i], w_bf16[0].T),
+    }
+    import time
+    kept, one_stream = [], []
+    graph_of = measure._graph_of
+
+    def keep_graphs(launch, indices):
+        kept.append(graph_of(launch, indices))
+        return kept[-1]
+
+    def on_one_stream(launch, indices):
+        if not one_stream:
+            one_stream.append(torch.cuda.Stream())
+        graph, stream = torch.cuda.CUDAGraph(), one_stream[0]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            for i in indices:
+                launch(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        return graph
+
+    def step(name):
+        if name == "flush":
+            measure._flush_buffer()
+        elif name == "empty":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        elif name == "sleep":
+            torch.cuda.synchronize()
+            time.sleep(2)
+        elif name == "other":
+            torch.cuda.synchronize()
+            subprocess.run([sys.executable, "-c", OTHER], check=True, capture_output=True)
+        elif name == "graph":
+            x = torch.zeros(1 << 10, device="cuda")
+            g = measure._graph_of(lambda i: x.add_(1), [0])
+            g.replay()
+            torch.cuda.synchronize()
+            del g
+        elif name == "busy":
+            end = time.perf_counter() + 2
+            while time.perf_counter() < end:
+                for i in range(routings):
+                    launches["full"](i)
+                torch.cuda.synchronize()
+        elif name == "events":
+            pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(50)]
+            for n, (a, b) in enumerate(pairs):
+                a.record()
+                launches["full"](n % routings)
+                b.record()
+            torch.cuda.synchronize()
+            [a.elapsed_time(b) for a, b in pairs]
+        elif name == "replays":
+            g = measure._graph_of(launches["full"], list(range(routings)))
+            for _ in range(500):
+                g.replay()
+            torch.cuda.synchronize()
+            del g
+        elif name == "keep":
+            measure._graph_of = keep_graphs
+        elif name == "onestream":
+            measure._graph_of = on_one_stream
+        elif name == "noflush":
+            measure._FLUSH = torch.empty(1, dtype=torch.int32, device="cuda")
+        else:
+            return False
+        return True
+
+    rows = []
+    for step_no, name in enumerate(order):
+        if step(name):
+            continue
+        try:
+            t = measure.time_gpu(launches[name], routings, repeats=21)
+            rows.append({"step": step_no, "arm": name, "us": round(t.median_us, 3), "spread": round(t.spread, 4),
+                         "calls": t.calls})
+        except Exception as e:       # sgquant where SGLang's kernel package is absent
+            rows.append({"step": step_no, "arm": name, "error": f"{type(e).__name__}: {e}"[:200]})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("orders", nargs="*")
+    ap.add_argument("--M", type=int, default=1)
+    ap.add_argument("--out")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(one_process(args.orders[0].split(","), args.M)))
+        return 0
+    results = []
+    for order in args.orders or ORDERS:
+        p = subprocess.run([sys.executable, __file__, "--child", "--M", str(args.M), order],
+                           capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+        rows = json.loads(lines[-1]) if p.returncode == 0 and lines else [{"error": p.stderr[-600:]}]
+        results.append({"order": order, "rows": rows})
+        print(order, "->", "  ".join(f"{r.get('arm')}={r.get('us', r.get('error'))}" for r in rows), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""What keeps timings comparable across processes (H200, session 11): a lone process's first CUDA-graph
+timing is not like its later ones, so it is dropped; a tactic is pinned over FlashInfer's default only
+when it wins by more than the noise, since smaller gains did not carry to a fresh process."""
+import pytest
+
+from autotune import measure
+from autotune.choice import pins_over_default
+from autotune.measure import Timing
+from autotune.records import OK, Measurement
+
+
+def timed(tactic, us, spread=0.005, status=OK):
+    return Measurement("p", "layer", 8, {"backend": "flashinfer_cublas", "tactic": tactic}, status,
+                       time_us=us, spread=spread)
+
+
+@pytest.mark.parametrize("tactic_us, spread, pinned", [
+    (18.0, 0.005, True),      # 10% faster: a pin
+    (19.7, 0.005, True),      # 1.5%, spreads under the 1% floor: a pin
+    (19.85, 0.005, False),    # 0.75%: inside the 1% floor, -1 stays
+    (19.7, 0.02, False),      # 1.5% but a 2% spread: inside the noise
+    (20.5, 0.005, False),     # slower
+])
+def test_a_tactic_is_pinned_only_beyond_the_noise(tactic_us, spread, pinned):
+    assert pins_over_default(timed(3, tactic_us, spread), timed(-1, 20.0)) is pinned
+
+
+def test_no_pin_without_a_correct_default_or_for_the_default_itself():
+    assert not pins_over_default(timed(3, 10.0), None)
+    assert not pins_over_default(timed(3, 10.0), timed(-1, 20.0, status="wrong_result"))
+    assert not pins_over_default(timed(-1, 10.0), timed(-1, 20.0))
+
+
+def test_the_first_timing_of_a_process_is_dropped(monkeypatch):
+    seen = []
+
+    def fake(launch, n, repeats, target_ms):
+        seen.append(repeats)
+        return Timing(float(len(seen)), 0.0, repeats, 0.0)
+    monkeypatch.setattr(measure, "_time_graph", fake)
+    monkeypatch.setattr(measure, "_PRIMED", False)
+    first = measure.time_gpu(lambda i: None, 1, repeats=21)
+    second = measure.time_gpu(lambda i: None, 1, repeats=21)
+    assert (first.median_us, second.median_us) == (2.0, 3.0)      # the priming result (1.0) is nobody's
+    assert seen == [3, 21, 21]
