@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backends import runners
+
 REFERENCE = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
 CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
 # The H200 bf16 run of 2026-12-01: 243.7 s of wall time against 121 s of this model for its 4500 planned
@@ -55,8 +57,7 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
                          f"({', '.join(str(len(p.batch_sizes)) for p in fp.problems)}) = {sum(per)} studies of "
                          f"{trials} trials; ~{n} measurements")
         else:
-            from .backends import runners
-            tunable = sum(r.tunable and r.name not in getattr(fp.family, "skip", ()) for r in runners(fp.name))
+            tunable = sum(r.tunable and r.name not in fp.family.skip for r in runners(fp.name))
             n = sum(len(p.batch_sizes) for p in fp.problems) * (BACKENDS_PER_M + TACTICS_PER_TUNABLE * tunable)
             tactics = (f", and every tactic FlashInfer's runners list for its {tunable} backend{'s' * (tunable != 1)} with tactics "
                        f"(~{TACTICS_PER_TUNABLE} each per shape and batch size on the H200)" if tunable else "")

@@ -85,10 +85,11 @@ def table(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         diff = r["pinned µs"] / r["tactic µs"] - 1
+        agrees = {True: "agrees", False: "DIFFERS"}.get(r.get("agrees"), "not judged")
         out.append(f"| {r['problem'].split(',')[0]} | {r['backend'].removeprefix('flashinfer_')} | {r['M']} | "
                    f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'pinned')} | "
                    f"{us(r, 'direct')} | `{', '.join(r['fi_auto tactic'])}` | {us(r, 'fi_auto')} | "
-                   f"{diff:+.1%} ({'agrees' if r['agrees'] else 'DIFFERS'}) | {'yes' if r['served pinned'] else 'NO'} | "
+                   f"{diff:+.1%} ({agrees}) | {'yes' if r['served pinned'] else 'NO'} | "
                    f"{us(r, 'default lone')} | {us(r, 'pinned lone')} |")
     return "\n".join(out)
 
@@ -124,7 +125,11 @@ class Neighbour:
 
 def main() -> int:
     if sys.argv[1:2] == ["--table"]:
-        print(table(json.loads(Path(sys.argv[2]).read_text())))
+        try:
+            print(table(json.loads(Path(sys.argv[2]).read_text())))
+        except (IndexError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"--table needs a probe.json this script wrote ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", required=True, help="`autotune run --json` output of the fp8_gemm run")

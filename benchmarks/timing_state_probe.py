@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 ORDERS = ["full,sleep,full,sleep,full", "full,other,full,other,full", "graph,full,full",
           "noflush,full,full,full", "keep,full,full,full", "onestream,full,full,full", "busy,full,full",
           "full,full,full,full"]
+ARMS = ("full", "gemm", "quant", "sgquant", "mm")
+STEPS = ("flush", "empty", "sleep", "other", "graph", "busy", "events", "replays", "keep", "onestream", "noflush")
 OTHER = "import torch; x = torch.ones(1 << 20, device='cuda'); print(x.sum().item())"
 
 
@@ -53,22 +55,20 @@ def one_process(order: list[str], M: int) -> list[dict]:
     routings = 10
     inputs = Fp8Gemm().make_inputs(problem, "layer", M, routings=routings)
     pre = [runner._operands(inputs, i) for i in range(routings)]
-    w_bf16 = [w.to(torch.bfloat16) for w in [inputs.w_ref]]
-
-    def sg_quant(i):
+    w_bf16 = inputs.w_ref.to(torch.bfloat16)
+    if "sgquant" in order:
         try:                                   # SGLang 0.5.23's place, then older releases'
             from sglang.kernels.ops.quantization.fp8_kernel import scaled_fp8_quant
         except ImportError:
             from sglang.srt.layers.quantization.fp8_kernel import scaled_fp8_quant
-        return scaled_fp8_quant(inputs.x[i])
 
     import flashinfer
     launches = {
         "full": lambda i: runner.run(inputs, i, -1),
         "gemm": lambda i: flashinfer.bmm_fp8(*pre[i][:4], torch.bfloat16, out=pre[i][4], backend="cublas"),
         "quant": lambda i: per_tensor_x(inputs.x[i]),
-        "sgquant": sg_quant,
-        "mm": lambda i: torch.mm(inputs.x[i], w_bf16[0].T),
+        "sgquant": lambda i: scaled_fp8_quant(inputs.x[i]),
+        "mm": lambda i: torch.mm(inputs.x[i], w_bf16.T),
     }
     import time
     kept, one_stream = [], []
@@ -145,7 +145,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
             t = measure.time_gpu(launches[name], routings, repeats=21)
             rows.append({"step": step_no, "arm": name, "us": round(t.median_us, 3), "spread": round(t.spread, 4),
                          "calls": t.calls})
-        except Exception as e:       # sgquant where SGLang's kernel package is absent
+        except Exception as e:       # a launch that cannot run here: the row says why
             rows.append({"step": step_no, "arm": name, "error": f"{type(e).__name__}: {e}"[:200]})
     return rows
 
@@ -157,6 +157,10 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for order in args.orders:
+        unknown = sorted(set(order.split(",")) - set(ARMS) - set(STEPS))
+        if unknown:
+            ap.error(f"unknown step {', '.join(unknown)} in {order!r}; arms: {', '.join(ARMS)}; steps: {', '.join(STEPS)}")
     if args.child:
         print(json.dumps(one_process(args.orders[0].split(","), args.M)))
         return 0

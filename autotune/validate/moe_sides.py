@@ -178,7 +178,6 @@ class MoeSides:
         return time_gpu(lambda i: fn(), 1, repeats=self.inner)
 
 
-# The smallest difference ever acted on, whatever the spread says.
 # What each baseline side runs, by the name reports use: "default" = what SGLang loads from its own
 # folder (its shipped file, else its default config), "heuristic" = SGLang's default config.
 BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
