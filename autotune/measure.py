@@ -69,18 +69,18 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 _PRIMED = False
 
 
-def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0) -> Timing:
+def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, prime: bool = False) -> Timing:
     """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph.
 
-    The first timing of a process is done twice and the first result dropped: on the H200 a process
-    alone on the GPU times its first graph measurement ~0.35 µs per kernel launch faster than every
-    later one (the same launch included; another process running a kernel in between restores the
-    first state, so a run's workers, which share the GPU, always time like a first measurement).
-    Dropping it keeps every timing of a lone process (check, the layer check, the harness) in one
-    state, so the side timed first is not favoured (benchmarks/timing_state_probe.py, NOTES session 11).
+    On the H200 the first graph timing after another process has run a kernel on the GPU is ~0.35 µs
+    per kernel launch faster than every later one, the same launch included (benchmarks/
+    timing_state_probe.py, NOTES session 11). Every timing is therefore taken right after a
+    throwaway one of the same launch, in the steady state of a process alone on its GPU, as a
+    server is: a lone process primes once (its first timing), a run's workers, which share the GPU,
+    prime every timing (`prime`, under the GPU lock, so no other worker's kernel comes between).
     """
     global _PRIMED
-    if not _PRIMED:
+    if prime or not _PRIMED:
         _PRIMED = True
         _time_graph(launch, n_routings, 3, target_ms)
     return _time_graph(launch, n_routings, repeats, target_ms)

@@ -243,7 +243,7 @@ class _Measurer:
                 launch = lambda i: family.run(cfg, inputs, i)  # noqa: E731
                 repeats = task.repeats or s.repeats
                 t = (self.time_cpu(launch, s.routings, repeats=min(repeats, 3)) if s.on_cpu
-                     else self.time_gpu(launch, s.routings, repeats=repeats))
+                     else self.time_gpu(launch, s.routings, repeats=repeats, prime=True))   # other workers share the GPU
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal

@@ -10,14 +10,12 @@ SGLang makes (the public `flashinfer.bmm_fp8(..., backend=...)`, outside tuning 
   fi_auto   FlashInfer's own autotuning (`with autotune(True)`: one call profiles every tactic at
             every bucket, as SGLang's start-up warm-up does), then its pick, outside tuning mode
 
-The GPU's state is matched to the run's. On the H200 a process that is the only one using the GPU
-times its first CUDA-graph measurement like the run's workers do and every later one ~0.35 µs per
-kernel launch slower; another process running a kernel in between puts it back (session 11:
-benchmarks/timing_state_probe.py, docs/NOTES.md). The run's workers share the GPU with each other,
-so they always time in that state. Each arm is therefore timed right after a neighbour process has
-run a kernel (`<arm> µs`), and `default` and `pinned` once more without it (`<arm> lone µs`: the
-state of a process alone on the GPU, as one SGLang server per GPU is). `agrees`: pinned is within the
-noise of the run's time for that tactic (the larger spread, at least 1%).
+The GPU's state is matched to the run's. On the H200 the first graph timing after another process
+has run a kernel is ~0.35 µs per kernel launch faster than every later one (session 11:
+benchmarks/timing_state_probe.py, docs/NOTES.md). The run's workers take each timing right after a
+throwaway one of the same launch, the steady state of a process alone on its GPU (as one SGLang server
+per GPU is); so does every arm here (`time_gpu(prime=True)`). `agrees`: pinned is within the noise of
+the run's time for that tactic (the larger spread, at least 1%).
 Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
 operands as the run's measurement (autotune.kernels.fp8_gemm).
 
@@ -80,47 +78,16 @@ def table(rows: list[dict]) -> str:
     def us(r, k):
         return f"{r[f'{k} µs']:.2f}" if r.get(f"{k} µs") is not None else "-"
     out = ["| shape | backend | M | run: -1 µs | run: pick µs | pick | probe: default µs | probe: pinned µs "
-           "| probe: direct µs | FlashInfer's own pick | its µs | pinned vs run | served from cache "
-           "| alone: default µs | alone: pinned µs |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| probe: direct µs | FlashInfer's own pick | its µs | pinned vs run | served from cache |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         diff = r["pinned µs"] / r["tactic µs"] - 1
         agrees = {True: "agrees", False: "DIFFERS"}.get(r.get("agrees"), "not judged")
         out.append(f"| {r['problem'].split(',')[0]} | {r['backend'].removeprefix('flashinfer_')} | {r['M']} | "
                    f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'pinned')} | "
                    f"{us(r, 'direct')} | `{', '.join(r['fi_auto tactic'])}` | {us(r, 'fi_auto')} | "
-                   f"{diff:+.1%} ({agrees}) | {'yes' if r['served pinned'] else 'NO'} | "
-                   f"{us(r, 'default lone')} | {us(r, 'pinned lone')} |")
+                   f"{diff:+.1%} ({agrees}) | {'yes' if r['served pinned'] else 'NO'} |")
     return "\n".join(out)
-
-
-class Neighbour:
-    """A second process holding its own CUDA context; `poke()` has it run one kernel and waits.
-    Timing right after a poke puts this process in the state the run's workers time in."""
-
-    SCRIPT = ("import sys, torch\nx = torch.ones(1 << 16, device='cuda')\nprint('ready', flush=True)\n"
-              "for _ in sys.stdin:\n    x.add_(1); torch.cuda.synchronize(); print('ok', flush=True)\n")
-
-    def __init__(self):
-        import subprocess
-
-        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        if self.proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the neighbour process did not start")
-
-    def poke(self):
-        import torch
-
-        torch.cuda.synchronize()
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        if self.proc.stdout.readline().strip() != "ok":
-            raise RuntimeError("the neighbour process stopped")
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 def main() -> int:
@@ -155,7 +122,7 @@ def main() -> int:
         print("the summary lists no pinned tactic (other than -1): nothing to probe", file=sys.stderr)
         return 1
     runners = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}
-    family, spy, tuner, neighbour = Fp8Gemm(), Spy(), AutoTuner.get(), Neighbour()
+    family, spy, tuner = Fp8Gemm(), Spy(), AutoTuner.get()
     out = []
     for row in rows:
         problem, M, runner = problem_of(row["problem"]), int(row["M"]), runners[row["backend"]]
@@ -167,29 +134,23 @@ def main() -> int:
         def launch_direct(i):
             return runner.run(inputs, i, json.loads(row["tactic"]))
 
-        def timed(phase, fn=launch, lone=False):
-            if not lone:
-                neighbour.poke()
+        def timed(phase, fn=launch):
             spy.reset()
-            t = time_gpu(fn, args.routings, repeats=21)
+            t = time_gpu(fn, args.routings, repeats=21, prime=True)
             seen = sorted({json.dumps(_tactic_to_json(p[2])) for p in spy.picks if p[0] == runner.flashinfer_op})
             return {f"{phase} µs": t.median_us, f"{phase} spread": t.spread, f"{phase} tactic": seen,
                     f"{phase} profiled": spy.profiled, f"{phase} calls": t.calls}
 
-        def only(res, *keys):
-            return {k: v for k, v in res.items() if k in keys}
-
         tuner.clear_cache()
         res = {**row, **timed("default")}
-        res.update(only(timed("default lone", lone=True), "default lone µs", "default lone spread"))
         if not tuner.load_configs(args.cache):
             print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
             return 1
         misses = tuner.stats.cache_misses
         res.update(timed("pinned"))
         res["pinned misses"] = tuner.stats.cache_misses - misses
-        res.update(only(timed("pinned lone", lone=True), "pinned lone µs", "pinned lone spread", "pinned lone tactic"))
-        res.update(only(timed("direct", launch_direct), "direct µs", "direct spread"))
+        direct = timed("direct", launch_direct)
+        res.update({k: direct[k] for k in ("direct µs", "direct spread")})
         tuner.clear_cache()
         spy.reset()
         with autotune(True):
@@ -197,12 +158,10 @@ def main() -> int:
         torch.cuda.synchronize()
         res["fi_auto profiled"] = spy.profiled
         res.update({k: v for k, v in timed("fi_auto").items() if k != "fi_auto profiled"})
-        res["served pinned"] = res["pinned tactic"] == [row["tactic"]] == res["pinned lone tactic"] \
-            and res["pinned profiled"] == 0 and res["pinned misses"] == 0
+        res["served pinned"] = res["pinned tactic"] == [row["tactic"]] and res["pinned profiled"] == 0 and res["pinned misses"] == 0
         res["agrees"] = abs(res["pinned µs"] / row["tactic µs"] - 1) <= noise(row["spread"], res["pinned spread"])
         out.append(res)
         print(json.dumps(res), flush=True)
-    neighbour.close()
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     bad = [r for r in out if not r["served pinned"]]

@@ -20,6 +20,7 @@ Orders (one fresh process each) are lists of those names and of steps between me
 and of switches for the rest of the process:
   keep       time_gpu's graphs are never destroyed       onestream  every graph captured on one stream
   noflush    no L2 flush before the timed replays
+  prime      every timing right after a throwaway one (time_gpu(prime=True), as a run's workers time)
 
 usage: python benchmarks/timing_state_probe.py [--out rows.json] [--M 1] [ORDER ...]
        (ORDER like full,full,full; without orders, the built-in set)
@@ -36,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ORDERS = ["full,sleep,full,sleep,full", "full,other,full,other,full", "graph,full,full",
           "noflush,full,full,full", "keep,full,full,full", "onestream,full,full,full", "busy,full,full",
-          "full,full,full,full"]
+          "full,full,full,full", "prime,full,other,full,other,full"]
 ARMS = ("full", "gemm", "quant", "sgquant", "mm")
-STEPS = ("flush", "empty", "sleep", "other", "graph", "busy", "events", "replays", "keep", "onestream", "noflush")
+STEPS = ("flush", "empty", "sleep", "other", "graph", "busy", "events", "replays", "keep", "onestream", "noflush", "prime")
 OTHER = "import torch; x = torch.ones(1 << 20, device='cuda'); print(x.sum().item())"
 
 
@@ -131,18 +132,20 @@ def one_process(order: list[str], M: int) -> list[dict]:
             measure._graph_of = keep_graphs
         elif name == "onestream":
             measure._graph_of = on_one_stream
+        elif name == "prime":
+            primed[0] = True
         elif name == "noflush":
             measure._FLUSH = torch.empty(1, dtype=torch.int32, device="cuda")
         else:
             return False
         return True
 
-    rows = []
+    rows, primed = [], [False]
     for step_no, name in enumerate(order):
         if step(name):
             continue
         try:
-            t = measure.time_gpu(launches[name], routings, repeats=21)
+            t = measure.time_gpu(launches[name], routings, repeats=21, prime=primed[0])
             rows.append({"step": step_no, "arm": name, "us": round(t.median_us, 3), "spread": round(t.spread, 4),
                          "calls": t.calls})
         except Exception as e:       # a launch that cannot run here: the row says why
