@@ -63,9 +63,14 @@ class Choice:
 
 def pins_over_default(tactic: Measurement | None, default: Measurement | None) -> bool:
     """Whether a tactic's re-measured time beats its backend's default (-1) by more than the
-    noise (the larger of the two spreads, at least measure.MIN_EFFECT)."""
+    noise (the larger spread, at least measure.MIN_EFFECT). A tactic timed beside its default
+    (measure.duel) is judged against that default, with the spread of the per-round ratios as
+    noise too: two timings taken apart differ by more than either's spread (H200, session 12:
+    algo 0, the very kernel -1 runs, came out 1-3% faster in three of five pins)."""
     if tactic is None or default is None or not (tactic.ok and default.ok) or tactic.config.get("tactic", -1) == -1:
         return False
+    if tactic.versus_us:
+        return tactic.time_us * (1 + noise(tactic.spread, tactic.versus_spread or 0.0)) < tactic.versus_us
     return tactic.time_us * (1 + noise(tactic.spread, default.spread)) < default.time_us
 
 
@@ -122,10 +127,10 @@ class BackendTuner:
                         out.setdefault(config_key(cfg), (cfg, []))[1].append(M)
         return out
 
-    def _task(self, config: dict, Ms: list[int], repeats=None, tactics: bool = False) -> Task:
+    def _task(self, config: dict, Ms: list[int], repeats=None, tactics: bool = False, versus=None) -> Task:
         # Workers import the family by `spec` ("module:Class") where it is not a registered name.
         return Task(self.problem.to_dict(), self.problem.key, "layer", config, list(Ms), repeats=repeats,
-                    family=getattr(self.family, "spec", self.family.name), tactics=tactics)
+                    family=getattr(self.family, "spec", self.family.name), tactics=tactics, versus=versus)
 
     def measure(self) -> None:
         """The default of every backend (listing its tactics), then every tactic offered."""
@@ -265,10 +270,17 @@ class BackendTuner:
         out = {}
         for b, plan in plans.items():
             default = {"backend": b, "tactic": -1}
-            out[b] = {M: c if pins_over_default(self.careful.get((LAYER, M, config_key(c.config))),
-                                                self.careful.get((LAYER, M, config_key(default))))
-                      else Choice(M, default, c.auto_us, c.auto_us, c.candidates)
-                      for M, c in self._choose(plan, default).items() if c.auto_us is not None}
+            out[b] = {}
+            for M, c in self._choose(plan, default).items():
+                d = self.careful.get((LAYER, M, config_key(default)))
+                if c.auto_us is None or d is None:
+                    continue
+                # The tactic furthest below the default it was timed beside (its time if unpaired).
+                timed = [m for f in plan[M] if f.source == TUNED
+                         and (m := self.careful.get((LAYER, M, config_key(f.configs[LAYER])))) is not None and m.ok]
+                best = min(timed, key=lambda m: m.time_us / (m.versus_us or d.time_us), default=None)
+                out[b][M] = (Choice(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates)
+                             if pins_over_default(best, d) else Choice(M, default, d.time_us, d.time_us, c.candidates))
         return out
 
     def _remeasure(self, plan: dict) -> None:
@@ -278,7 +290,10 @@ class BackendTuner:
                 return
             self.careful[LAYER, m.M, config_key(m.config)] = m
             self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
-        remeasure(plan, self.careful, lambda gemm, cfg, Ms: self._task(cfg, Ms, repeats=self.careful_repeats),
+        def task(gemm, cfg, Ms):     # a tactic is re-timed beside its backend's default (measure.duel)
+            versus = None if cfg.get("tactic", -1) == -1 else {"backend": cfg["backend"], "tactic": -1}
+            return self._task(cfg, Ms, repeats=self.careful_repeats, versus=versus)
+        remeasure(plan, self.careful, task,
                   lambda tasks, done: run_tasks(self.pool, tasks, done), store)
 
     def _choose(self, plan: dict, baseline_cfg: dict) -> dict[int, Choice]:

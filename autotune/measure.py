@@ -16,6 +16,7 @@ L2_FLUSH_BYTES = 256 << 20   # several times the largest L2 we target (H200: 60 
 WARMUP_MS = 30.0             # back-to-back GPU work before the timed replays (Triton's do_bench: 25 ms)
 WARMUP_REPLAYS_MAX = 2000
 MIN_EFFECT = 0.01            # the smallest difference between two timings taken as real (1%)
+DUEL_ROUNDS = 3              # rounds of a paired timing (each side timed once per round)
 
 
 def noise(*spreads: float) -> float:
@@ -84,6 +85,25 @@ def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, 
         _PRIMED = True
         _time_graph(launch, n_routings, 3, target_ms)
     return _time_graph(launch, n_routings, repeats, target_ms)
+
+
+def duel(time_one, launch, versus, rounds: int = DUEL_ROUNDS) -> tuple[Timing, float, float]:
+    """`launch` and `versus` timed alternately by `time_one`, the order turned each round (v l, l v,
+    v l ...), so a state of the GPU that holds through the rounds, or drifts across them, weighs on
+    both alike. Returns launch's timing (median of its rounds), versus's median µs and the spread
+    of the per-round ratios (range over median): what a pin decision compares."""
+    mine, theirs = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            theirs.append(time_one(versus))
+            mine.append(time_one(launch))
+        else:
+            mine.append(time_one(launch))
+            theirs.append(time_one(versus))
+    lo, mid, hi = _quartiles([a.median_us / b.median_us for a, b in zip(mine, theirs)])
+    t = Timing(statistics.median(x.median_us for x in mine), statistics.median(x.spread for x in mine),
+               sum(x.samples for x in mine), sum(x.bench_s for x in mine + theirs), mine[0].calls)
+    return t, statistics.median(x.median_us for x in theirs), (hi - lo) / mid if mid > 0 else 0.0
 
 
 def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timing:

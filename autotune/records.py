@@ -75,6 +75,10 @@ class Measurement:
     # The tactics the backend's runner offered for this problem at this M (JSON form), when the
     # task asked for them: FlashInfer enumerates them on the GPU, for the shapes at hand.
     tactics: list | None = None
+    # A paired timing (worker.Task.versus): the median time of the config timed alternately beside
+    # this one in one hold of the GPU (its backend's default) and the spread of the per-round ratios.
+    versus_us: float | None = None
+    versus_spread: float | None = None
 
     @property
     def ok(self) -> bool:

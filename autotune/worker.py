@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from . import records
+from .measure import DUEL_ROUNDS, duel
 from .records import Measurement, failure
 
 # Messages of a CUDA error after which the process's context cannot be trusted.
@@ -61,6 +62,9 @@ class Task:
     id: int = 0
     tag: object = None            # orchestrator bookkeeping, never sent
     tactics: bool = False         # also list the tactics the backend offers at each M
+    # A config timed alternately beside this one in one hold of the GPU lock (measure.duel): a
+    # tactic's careful re-measurement beside its backend's default, so the pin compares one state.
+    versus: dict | None = None
 
 
 def classify(exc: BaseException) -> tuple[str, bool]:
@@ -203,6 +207,22 @@ class _Measurer:
                                                   routings=s.routings, on_cpu=s.on_cpu)
         return self.inputs[key]
 
+    def _time(self, launch, repeats: int, prime: bool):
+        if self.settings.on_cpu:
+            return self.time_cpu(launch, self.settings.routings, repeats=min(repeats, 3))
+        return self.time_gpu(launch, self.settings.routings, repeats=repeats, prime=prime)
+
+    def _checked_versus(self, family, task: Task, inputs, ref, problem):
+        """The launch of task.versus, if its output is right here (else the timing goes unpaired)."""
+        if task.versus is None:
+            return None
+        if getattr(inputs, "C", None) is not None:
+            inputs.C.fill_(float("nan"))
+        out = family.run(task.versus, inputs, 0)
+        if not self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))[0]:
+            return None
+        return lambda i: family.run(task.versus, inputs, i)
+
     def measure(self, task: Task, problem, M: int) -> tuple[Measurement, bool]:
         """(record, fatal): fatal means this process's CUDA context can no longer be trusted."""
         cfg, pk, gemm, s = task.config, task.problem_key, task.gemm, self.settings
@@ -242,13 +262,18 @@ class _Measurer:
                 stage = "timing"
                 launch = lambda i: family.run(cfg, inputs, i)  # noqa: E731
                 repeats = task.repeats or s.repeats
-                t = (self.time_cpu(launch, s.routings, repeats=min(repeats, 3)) if s.on_cpu
-                     else self.time_gpu(launch, s.routings, repeats=repeats, prime=True))   # other workers share the GPU
+                versus = self._checked_versus(family, task, inputs, ref, problem)
+                if versus is None:   # primed: other workers' kernels come between this worker's timings
+                    t, paired = self._time(launch, repeats, prime=True), (None, None)
+                else:
+                    first = iter([True])    # one hold of the lock: priming once keeps both sides in one state
+                    t, *paired = duel(lambda fn: self._time(fn, max(3, repeats // DUEL_ROUNDS), next(first, False)),
+                                      launch, versus)
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal
         m = Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
-                        compile_s, t.bench_s, t.samples)
+                        compile_s, t.bench_s, t.samples, versus_us=paired[0], versus_spread=paired[1])
         if task.tactics:
             try:
                 with self.gpu():

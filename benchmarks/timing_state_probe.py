@@ -14,6 +14,9 @@ anything in time_gpu's own state (the L2-flush buffer, cached memory) sets it:
 Orders (one fresh process each) are lists of those names and of steps between measurements:
   flush      allocate time_gpu's L2-flush buffer now     empty   empty torch's cached memory
   sleep      2 s with the GPU idle                       other   another process runs a kernel and exits
+  poke       a process kept running beside this one runs one kernel (as a run's worker ahead in the GPU lock)
+  series     200 replays of a 10-call `full` graph, L2 flushed and timed one by one: a row of the medians of
+             each 20 in turn (does the state change inside a measurement, and after how long?)
   graph      capture, replay and drop a one-kernel graph busy    2 s of back-to-back eager `full` calls
   events     record 50 pairs of timing events around eager `full` calls, read them
   replays    500 replays of a 10-call graph of `full`, no events
@@ -39,11 +42,16 @@ ORDERS = ["full,sleep,full,sleep,full", "full,other,full,other,full", "graph,ful
           "noflush,full,full,full", "keep,full,full,full", "onestream,full,full,full", "busy,full,full",
           "full,full,full,full", "prime,full,other,full,other,full"]
 ARMS = ("full", "gemm", "quant", "sgquant", "mm")
-STEPS = ("flush", "empty", "sleep", "other", "graph", "busy", "events", "replays", "keep", "onestream", "noflush", "prime")
+STEPS = ("flush", "empty", "sleep", "other", "graph", "busy", "events", "replays", "keep", "onestream", "noflush", "prime", "poke",
+         "series")
 OTHER = "import torch; x = torch.ones(1 << 20, device='cuda'); print(x.sum().item())"
+NEIGHBOUR = ("import sys, torch\nx = torch.ones(1 << 16, device='cuda')\nprint('ready', flush=True)\n"
+             "for _ in sys.stdin:\n    x.add_(1); torch.cuda.synchronize(); print('ok', flush=True)\n")
 
 
 def one_process(order: list[str], M: int) -> list[dict]:
+    import statistics
+
     import torch
 
     from autotune import measure
@@ -90,8 +98,31 @@ def one_process(order: list[str], M: int) -> list[dict]:
         torch.cuda.current_stream().wait_stream(stream)
         return graph
 
+    def series():
+        g = measure._graph_of(launches["full"], list(range(routings)))
+        flush = measure._flush_buffer()
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
+        for a, b in pairs:
+            flush.zero_()
+            a.record()
+            g.replay()
+            b.record()
+        torch.cuda.synchronize()
+        per_call = [a.elapsed_time(b) * 1000 / routings for a, b in pairs]
+        del g
+        return [round(statistics.median(per_call[i:i + 20]), 2) for i in range(0, 200, 20)]
+
     def step(name):
-        if name == "flush":
+        if name == "poke":
+            if not neighbour:
+                neighbour.append(subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, text=True))
+                neighbour[0].stdout.readline()
+            torch.cuda.synchronize()
+            neighbour[0].stdin.write("go\n")
+            neighbour[0].stdin.flush()
+            neighbour[0].stdout.readline()
+        elif name == "flush":
             measure._flush_buffer()
         elif name == "empty":
             torch.cuda.synchronize()
@@ -140,9 +171,12 @@ def one_process(order: list[str], M: int) -> list[dict]:
             return False
         return True
 
-    rows, primed = [], [False]
+    rows, primed, neighbour = [], [False], []
     for step_no, name in enumerate(order):
         if step(name):
+            continue
+        if name == "series":
+            rows.append({"step": step_no, "arm": name, "us": series()})
             continue
         try:
             t = measure.time_gpu(launches[name], routings, repeats=21, prime=primed[0])

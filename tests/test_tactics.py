@@ -70,6 +70,17 @@ def test_the_winner_is_the_fastest_correct_tactic_everywhere(tuned):
         assert all(x["config"].get("tactic") not in (1, 2) for x in c.candidates)
 
 
+def test_each_tactic_is_re_timed_beside_its_default_and_pinned_on_that_pair(tuned):
+    _, tuner, _, _ = tuned
+    for M in PROBLEM.batch_sizes:
+        paired = tuner.careful[("layer", M, config_key(cfg(0)))]
+        # -1 sleeps 20 ms, tactic 0 1 ms: both timed in the same hold of the worker
+        assert paired.versus_us is not None and paired.versus_us > 5 * paired.time_us
+        assert tuner.careful[("layer", M, config_key(cfg(-1)))].versus_us is None
+        pin = tuner.pinned["tunable"][M]
+        assert pin.config == cfg(0) and pin.auto_us == paired.versus_us
+
+
 def test_the_studies_hold_every_tactic_as_an_integer_parameter(tuned):
     _, tuner, _, _ = tuned
     params = {t.params["tactic"] for t in tuner.studies[64].get_trials(deepcopy=False)

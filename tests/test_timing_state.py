@@ -59,3 +59,31 @@ def test_a_workers_every_timing_follows_a_throwaway_one(monkeypatch):
     second = measure.time_gpu(lambda i: None, 1, repeats=21, prime=True)
     assert (first.median_us, second.median_us) == (2.0, 4.0)
     assert seen == [3, 21, 3, 21]
+
+
+def paired(tactic_us, versus_us, ratio_spread, spread=0.005):
+    m = timed(3, tactic_us, spread)
+    m.versus_us, m.versus_spread = versus_us, ratio_spread
+    return m
+
+
+@pytest.mark.parametrize("tactic, pinned", [
+    # 3% under the default's own re-measurement, level with the default timed beside it: no pin
+    (paired(19.4, 19.45, 0.004), False),
+    (paired(19.4, 19.8, 0.004), True),       # 2% under the default beside it, rounds agree: a pin
+    (paired(19.4, 19.8, 0.03), False),       # 2%, but the rounds' ratios scatter 3%
+])
+def test_a_tactic_timed_beside_its_default_is_judged_on_that_pair(tactic, pinned):
+    assert pins_over_default(tactic, timed(-1, 20.0)) is pinned
+
+
+def test_a_duel_turns_the_order_each_round_so_a_drift_weighs_on_both_sides():
+    calls = []
+
+    def time_one(fn):          # every later timing 1% slower: a drift both sides see
+        calls.append(fn)
+        return Timing(10.0 * 1.01 ** len(calls), 0.002, 7, 0.01)
+    t, versus_us, ratio_spread = measure.duel(time_one, "tactic", "default", rounds=3)
+    assert calls == ["default", "tactic", "tactic", "default", "default", "tactic"]
+    assert abs(t.median_us / versus_us - 1) < 0.011 and ratio_spread > 0.015   # level, the drift shows as spread
+    assert not pins_over_default(paired(t.median_us, versus_us, ratio_spread), timed(-1, 20.0))

@@ -69,13 +69,14 @@ class MmFp4(Runner):
         import torch
         from flashinfer.gemm import gemm_base as g
 
-        if "runner" not in inputs.cache:
+        key = ("runner", self.backend)       # inputs are shared by every backend at this M
+        if key not in inputs.cache:
             major, minor = torch.cuda.get_device_capability()
             make = {"cudnn": lambda: g._cudnn_gemm_fp4_runner(g._MM_FP4_TUNING_CONFIG_128x4),
                     "cutlass": lambda: g.get_cutlass_fp4_gemm_module(major, minor).cutlass_fp4_gemm_runner(),
                     "b12x": lambda: g._b12x_gemm_fp4_runner(major, minor, True, torch.bfloat16, True)}
-            inputs.cache["runner"] = make[self.backend]()
-        return inputs.cache["runner"]
+            inputs.cache[key] = make[self.backend]()
+        return inputs.cache[key]
 
     def _operands(self, inputs: Fp4Inputs, routing: int) -> list:
         """mm_fp4's choose_one inputs: a, b, a_descale, b_descale, alpha, out_dtype, out,
