@@ -137,17 +137,24 @@ def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timi
     torch.cuda.synchronize()
     for _ in range(min(WARMUP_REPLAYS_MAX, int(WARMUP_MS / max(start.elapsed_time(end), 1e-3)))):
         graph.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    per_call = timed_replays(graph, flush, repeats, calls)
+    del graph
+    q1, med, q3 = _quartiles(per_call)
+    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0, calls)
+
+
+def timed_replays(graph, flush, replays: int, calls: int) -> list[float]:
+    """µs per call of each of `replays` replays of a graph of `calls` calls, L2 flushed before each."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
     for s, e in events:
         flush.zero_()
         s.record()
         graph.replay()
         e.record()
     torch.cuda.synchronize()
-    per_call = [s.elapsed_time(e) * 1000.0 / calls for s, e in events]
-    del graph
-    q1, med, q3 = _quartiles(per_call)
-    return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0, calls)
+    return [s.elapsed_time(e) * 1000.0 / calls for s, e in events]
 
 
 def _graph_of(launch, indices):

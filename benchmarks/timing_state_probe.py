@@ -100,15 +100,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
 
     def series():
         g = measure._graph_of(launches["full"], list(range(routings)))
-        flush = measure._flush_buffer()
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(200)]
-        for a, b in pairs:
-            flush.zero_()
-            a.record()
-            g.replay()
-            b.record()
-        torch.cuda.synchronize()
-        per_call = [a.elapsed_time(b) * 1000 / routings for a, b in pairs]
+        per_call = measure.timed_replays(g, measure._flush_buffer(), 200, routings)
         del g
         return [round(statistics.median(per_call[i:i + 20]), 2) for i in range(0, 200, 20)]
 
