@@ -2,7 +2,8 @@
 
 For every (FP8 GEMM shape, FlashInfer backend, M) whose best tactic the run pinned in
 `flashinfer_autotune_cache.json` (the run's --json summary lists them), the same bmm_fp8 call
-SGLang makes (the public `flashinfer.bmm_fp8(..., backend=...)`, outside tuning mode) is timed:
+SGLang makes (the public `flashinfer.bmm_fp8(..., backend=...)`, outside tuning mode) is timed
+(with --all, also every (shape, backend, M) the run kept at -1: `default` and `fi_auto` only):
   default   no cache loaded: FlashInfer's fallback, tactic -1
   pinned    after `AutoTuner.load_configs(cache)`: the tactic choose_one returns is recorded (it must
             be the pinned one, with no profiling and no cache miss)
@@ -14,13 +15,13 @@ The GPU's state is matched to the run's. On the H200 the first graph timing afte
 has run a kernel is ~0.35 µs per kernel launch faster than every later one (session 11:
 benchmarks/timing_state_probe.py, docs/NOTES.md). The run's workers take each timing right after a
 throwaway one of the same launch, the steady state of a process alone on its GPU (as one SGLang server
-per GPU is); so does every arm here (`time_gpu(prime=True)`). `agrees`: pinned is within the noise of
-the run's time for that tactic (the larger spread, at least 1%).
+per GPU is); so does every arm here (`time_gpu(prime=True)`). `agrees`: pinned (a row kept at -1:
+default) is within the noise of the run's time for that tactic (the larger spread, at least 1%).
 Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
 operands as the run's measurement (autotune.kernels.fp8_gemm).
 
 usage: python benchmarks/flashinfer_cache_probe.py --summary run.json --cache DIR/flashinfer_autotune_cache.json
-           [--out probe.json] [--routings 10]
+           [--all] [--out probe.json] [--routings 10]
        python benchmarks/flashinfer_cache_probe.py --table probe.json     (the rows as a markdown table)
 """
 from __future__ import annotations
@@ -33,12 +34,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def pinned_rows(summary: dict) -> list[dict]:
-    """(problem key, backend, M, tactic, the run's times) for every tactic other than -1 the run pinned."""
+def pinned_rows(summary: dict, every: bool = False) -> list[dict]:
+    """(problem key, backend, M, tactic, the run's times) for every tactic other than -1 the run pinned
+    (`every`: and every (problem, backend, M) it kept at -1)."""
     rows = []
     for entry in summary.get("fp8_gemm", []):
         for r in entry.get("tactics", []):
-            if json.loads(r["tactic"]) != -1:
+            if every or json.loads(r["tactic"]) != -1:
                 rows.append({"problem": entry["problem"], **r})
     return rows
 
@@ -81,12 +83,14 @@ def table(rows: list[dict]) -> str:
            "| probe: direct µs | FlashInfer's own pick | its µs | pinned vs run | served from cache |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        diff = r["pinned µs"] / r["tactic µs"] - 1
+        kept = r.get("pinned µs") is None           # a row the run kept at -1 (--all)
+        diff = r["default µs" if kept else "pinned µs"] / r["tactic µs"] - 1
+        served = "-" if kept else "yes" if r["served pinned"] else "NO"
         agrees = {True: "agrees", False: "DIFFERS"}.get(r.get("agrees"), "not judged")
         out.append(f"| {r['problem'].split(',')[0]} | {r['backend'].removeprefix('flashinfer_')} | {r['M']} | "
                    f"{r['-1 µs']:.2f} | {r['tactic µs']:.2f} | `{r['tactic']}` | {us(r, 'default')} | {us(r, 'pinned')} | "
                    f"{us(r, 'direct')} | `{', '.join(r['fi_auto tactic'])}` | {us(r, 'fi_auto')} | "
-                   f"{diff:+.1%} ({agrees}) | {'yes' if r['served pinned'] else 'NO'} |")
+                   f"{diff:+.1%} ({agrees}) | {served} |")
     return "\n".join(out)
 
 
@@ -103,6 +107,7 @@ def main() -> int:
     ap.add_argument("--cache", required=True, help="the flashinfer_autotune_cache.json that run wrote")
     ap.add_argument("--out", default=None, help="write the rows here as JSON")
     ap.add_argument("--routings", type=int, default=10)
+    ap.add_argument("--all", action="store_true", help="also time the rows the run kept at -1 (default, FlashInfer's own pick)")
     args = ap.parse_args()
 
     import torch
@@ -113,7 +118,7 @@ def main() -> int:
     from autotune.measure import noise, time_gpu
 
     try:
-        rows = pinned_rows(json.loads(Path(args.summary).read_text()))
+        rows = pinned_rows(json.loads(Path(args.summary).read_text()), every=args.all)
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
         ap.error(f"{args.summary} is not an `autotune run --json` summary ({type(e).__name__})")
     if not Path(args.cache).is_file():
@@ -143,30 +148,40 @@ def main() -> int:
 
         tuner.clear_cache()
         res = {**row, **timed("default")}
-        if not tuner.load_configs(args.cache):
-            print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
-            return 1
-        misses = tuner.stats.cache_misses
-        res.update(timed("pinned"))
-        res["pinned misses"] = tuner.stats.cache_misses - misses
-        direct = timed("direct", launch_direct)
-        res.update({k: direct[k] for k in ("direct µs", "direct spread")})
-        tuner.clear_cache()
+        pinned = json.loads(row["tactic"]) != -1
+        if pinned:
+            if not tuner.load_configs(args.cache):
+                print(f"FlashInfer refused {args.cache} (metadata of another machine?)", file=sys.stderr)
+                return 1
+            misses = tuner.stats.cache_misses
+            res.update(timed("pinned"))
+            res["pinned misses"] = tuner.stats.cache_misses - misses
+            direct = timed("direct", launch_direct)
+            res.update({k: direct[k] for k in ("direct µs", "direct spread")})
+            tuner.clear_cache()
         spy.reset()
         with autotune(True):
             launch(0)
         torch.cuda.synchronize()
         res["fi_auto profiled"] = spy.profiled
         res.update({k: v for k, v in timed("fi_auto").items() if k != "fi_auto profiled"})
-        res["served pinned"] = res["pinned tactic"] == [row["tactic"]] and res["pinned profiled"] == 0 and res["pinned misses"] == 0
-        res["agrees"] = abs(res["pinned µs"] / row["tactic µs"] - 1) <= noise(row["spread"], res["pinned spread"])
+        arm = "pinned" if pinned else "default"
+        if pinned:
+            res["served pinned"] = res["pinned tactic"] == [row["tactic"]] and res["pinned profiled"] == 0 \
+                and res["pinned misses"] == 0
+        res["agrees"] = abs(res[f"{arm} µs"] / row["tactic µs"] - 1) <= noise(row["spread"], res[f"{arm} spread"])
         out.append(res)
         print(json.dumps(res), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
-    bad = [r for r in out if not r["served pinned"]]
-    print(f"{len(out) - len(bad)} of {len(out)} pinned tactics served from the cache without profiling")
-    print(f"{sum(r['agrees'] for r in out)} of {len(out)} served at the run's time within the noise")
+    pins = [r for r in out if "served pinned" in r]
+    bad = [r for r in pins if not r["served pinned"]]
+    print(f"{len(pins) - len(bad)} of {len(pins)} pinned tactics served from the cache without profiling")
+    print(f"{sum(r['agrees'] for r in pins)} of {len(pins)} served at the run's time within the noise")
+    if len(out) > len(pins):
+        kept = [r for r in out if "served pinned" not in r]
+        print(f"{sum(r['agrees'] for r in kept)} of {len(kept)} kept at -1 timed at the run's -1 time within the noise; "
+              f"FlashInfer's own tuning picked other than -1 in {sum(r['fi_auto tactic'] != ['-1'] for r in kept)}")
     return 1 if bad else 0
 
 

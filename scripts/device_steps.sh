@@ -11,7 +11,7 @@
 #   backends   issue 3: fp8_gemm, moe_fp8, moe_bf16 backend choice and server_args.yaml
 #   tactics    issue 10: the FP8 GEMM backends with every tactic FlashInfer's runners offer (TACTIC_BS
 #              batch sizes), FlashInfer's cache and blocklist written, --json summary in $WORK/tactics.json
-#   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py
+#   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py --all
 #   state      what sets a lone process's later CUDA-graph timings apart: benchmarks/timing_state_probe.py
 #              (STATE_ORDERS, default: the script's own set)
 #   warm       issue 12: cold vs --warm-start runs of E=256,N=128 and E=512,N=256 bf16 (WARM_RUNS, WARM_BS, WARM_TRIALS)
@@ -75,7 +75,7 @@ step_tactics() {
 }
 
 step_probe() {
-  python3 benchmarks/flashinfer_cache_probe.py --summary "$WORK/tactics.json" \
+  python3 benchmarks/flashinfer_cache_probe.py --all --summary "$WORK/tactics.json" \
      --cache "$WORK/tactics/NVIDIA_H200/flashinfer_autotune_cache.json" --out "$WORK/probe.json"
 }
 
