@@ -376,14 +376,20 @@ def test_sigterm_stops_a_run_in_one_line_with_exit_143_and_leaves_it_resumable(t
     assert p.returncode == 143, out
     assert "Traceback" not in out and out.strip().splitlines()[-1].startswith("autotune: stopped by SIGTERM")
     storage = optuna.storages.RDBStorage(url)
-    for summary in optuna.get_all_study_summaries(storage):
-        s = optuna.load_study(study_name=summary.study_name, storage=storage)
+    studies = [optuna.load_study(study_name=x.study_name, storage=storage) for x in optuna.get_all_study_summaries(storage)]
+    names = max((set(t.params) for s in studies for t in s.trials if t.state == optuna.trial.TrialState.COMPLETE), key=len)
+    for s in studies:
         assert not [t for t in s.trials if t.state == optuna.trial.TrialState.RUNNING]
         for t in s.trials:
             if t.state == optuna.trial.TrialState.FAIL:
                 assert reason(s, t).startswith("interrupted")
-                assert t.params in [w.system_attrs.get("fixed_params") for w in s.trials
-                                    if w.state == optuna.trial.TrialState.WAITING]     # asked first on resume
+                # asked first on resume: the config of a finished ask; of a stop inside `ask` (Optuna
+                # stores parameters one by one), what that ask took from the queue (CI, session 12:
+                # a stop between num_warps and num_stages of a queued seed), else nothing
+                again = t.params if set(t.params) == names else t.system_attrs.get("fixed_params")
+                if again:
+                    assert again in [w.system_attrs.get("fixed_params") for w in s.trials
+                                     if w.state == optuna.trial.TrialState.WAITING]
     resumed = autotune(*common)
     out, _ = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, out
