@@ -4,8 +4,9 @@ import time
 import pytest
 
 from autotune import records
+from autotune.measurer import classify
 from autotune.models import Problem
-from autotune.worker import Settings, Task, WorkerPool, classify
+from autotune.worker import Settings, Task, WorkerPool
 
 pytestmark = pytest.mark.slow      # a pool of worker processes per test module
 

@@ -1,0 +1,178 @@
+"""One worker's measuring of one config at one M: inputs kept per (problem, GEMM, M), the per-GPU
+lock around every piece of GPU work, the check against the reference, the timing (primed, or a
+duel beside another config), and what a failure is (its status, whether the CUDA context survives).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import re
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from . import records
+from .measure import DUEL_ROUNDS, duel
+from .records import Measurement, failure
+
+if TYPE_CHECKING:
+    from .worker import Settings, Task
+
+# Messages of a CUDA error after which the process's context cannot be trusted.
+_FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launch failure",
+               "illegal instruction", "device-side assert", "an illegal", "CUDA error: unknown error")
+
+
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """(status, fatal) for an exception raised by a launch."""
+    name = type(exc).__name__
+    text = f"{name}: {exc}"
+    if isinstance(exc, ImportError):
+        return records.UNAVAILABLE, False
+    if name == "OutOfResources" or "out of resource" in text.lower():
+        return records.OUT_OF_RESOURCES, False
+    if ("CompilationError" in name or "CompileTimeAssertionFailure" in name
+            or type(exc).__module__.startswith("triton.compiler") or "PassManager::run failed" in text):
+        return records.COMPILE_ERROR, False
+    if any(s.lower() in text.lower() for s in _FATAL_CUDA):
+        return records.RUNTIME_ERROR, True
+    return records.RUNTIME_ERROR, False
+
+
+def failure_reason(stage: str, exc: BaseException) -> str:
+    """One line for the record; the whole text (an MLIR error is many lines) goes to the log."""
+    name = type(exc).__name__
+    print(f"[{stage}] {name}: {exc}", file=sys.stderr, flush=True)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return f"{stage}: {name}"
+    text = lines[0]
+    if re.fullmatch(r"at \d+:\d+:", text) and len(lines) > 1:
+        text = f"{lines[-1]} ({text[:-1]})"     # Triton: location, source excerpt, message last
+    more = " [full text in the worker log]" if len(lines) > 1 else ""
+    return f"{stage}: {name}: {text[:240]}{more}"
+
+
+class Measurer:
+    """One worker's measuring: inputs kept per (problem, GEMM, M), the GPU lock, the protocol.
+
+    Every piece of GPU work (building inputs, the reference, the checked launch, timing) runs
+    under the per-GPU lock; only compilation runs outside it. Kernels of other workers would
+    otherwise share the GPU with a timed replay (seen on the H200: 40% inflated timings at
+    large M while 15 workers per GPU checked and built inputs).
+    """
+
+    def __init__(self, settings: Settings, lock_fd: int):
+        import torch
+
+        from .measure import check_output, time_cpu, time_gpu
+
+        self.settings, self.lock_fd = settings, lock_fd
+        self.torch, self.check_output, self.time_cpu, self.time_gpu = torch, check_output, time_cpu, time_gpu
+        self.inputs: dict = {}
+        self.families: dict = {}
+
+    def family(self, name: str):
+        if name not in self.families:
+            from .kernels import get_family
+            self.families[name] = get_family(name, **self.settings.options.get(name, {}))
+        return self.families[name]
+
+    @contextlib.contextmanager
+    def gpu(self):
+        if self.settings.on_cpu:   # the interpreter's wall-clock numbers need no exclusivity
+            yield
+            return
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            self.torch.cuda.synchronize()
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def _inputs(self, family, problem, gemm: str, M: int):
+        key = (family.name, problem.key, gemm, M)
+        if key not in self.inputs:
+            # One problem at a time: drop other problems' tensors before allocating.
+            for k in [k for k in self.inputs if k[:2] != key[:2]]:
+                del self.inputs[k]
+            s = self.settings
+            self.inputs[key] = family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
+                                                  routings=s.routings, on_cpu=s.on_cpu)
+        return self.inputs[key]
+
+    def _time(self, launch, repeats: int, prime: bool):
+        if self.settings.on_cpu:
+            return self.time_cpu(launch, self.settings.routings, repeats=min(repeats, 3))
+        return self.time_gpu(launch, self.settings.routings, repeats=repeats, prime=prime)
+
+    def _checked_versus(self, family, task: Task, inputs, ref, problem):
+        """The launch of task.versus, if its output is right here (else the timing goes unpaired)."""
+        if task.versus is None:
+            return None
+        if getattr(inputs, "C", None) is not None:
+            inputs.C.fill_(float("nan"))
+        out = family.run(task.versus, inputs, 0)
+        if not self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))[0]:
+            return None
+        return lambda i: family.run(task.versus, inputs, i)
+
+    def measure(self, task: Task, problem, M: int) -> tuple[Measurement, bool]:
+        """(record, fatal): fatal means this process's CUDA context can no longer be trusted."""
+        cfg, pk, gemm, s = task.config, task.problem_key, task.gemm, self.settings
+        family = self.family(task.family or s.family)
+
+        def failed(status, why, **kw):
+            return failure(pk, gemm, M, cfg, status, why, **kw)
+
+        stage = "building inputs"
+        try:
+            with self.gpu():
+                inputs = self._inputs(family, problem, gemm, M)
+                prepare = getattr(family, "prepare", None)   # optional in the protocol
+                if prepare is not None:
+                    prepare(cfg, inputs)
+            stage = "compiling"
+            t0 = time.perf_counter()
+            family.compile(cfg, inputs)
+            compile_s = time.perf_counter() - t0
+        except BaseException as e:
+            status, fatal = classify(e)
+            return failed(status, failure_reason(stage, e)), fatal
+        stage = "first launch"
+        try:
+            with self.gpu():
+                ref = family.reference(inputs, cfg)
+                t0 = time.perf_counter()
+                if getattr(inputs, "C", None) is not None:   # families that own their output buffer
+                    inputs.C.fill_(float("nan"))
+                out = family.run(cfg, inputs, 0)
+                if not s.on_cpu:
+                    self.torch.cuda.synchronize()
+                compile_s += time.perf_counter() - t0
+                ok, reason, err = self.check_output(out, ref, family.tolerance(problem, s.on_cpu))
+                if not ok:
+                    return failed(records.WRONG_RESULT, reason, error=err, compile_s=compile_s), False
+                stage = "timing"
+                launch = lambda i: family.run(cfg, inputs, i)  # noqa: E731
+                repeats = task.repeats or s.repeats
+                versus = self._checked_versus(family, task, inputs, ref, problem)
+                if versus is None:   # primed: other workers' kernels come between this worker's timings
+                    t, paired = self._time(launch, repeats, prime=True), (None, None)
+                else:
+                    first = iter([True])    # one hold of the lock: priming once keeps both sides in one state
+                    t, *paired = duel(lambda fn: self._time(fn, max(3, repeats // DUEL_ROUNDS), next(first, False)),
+                                      launch, versus)
+        except BaseException as e:
+            status, fatal = classify(e)
+            return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal
+        m = Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
+                        compile_s, t.bench_s, t.samples, versus_us=paired[0], versus_spread=paired[1])
+        if task.tactics:
+            try:
+                with self.gpu():
+                    m.tactics = list(family.tactics(cfg, inputs))
+            except Exception as e:     # the default still ran: only the search inside it is lost
+                m.reason = failure_reason("listing tactics", e)
+                m.tactics = []
+        return m, False
