@@ -107,13 +107,18 @@ class Measurer:
         return self.time_gpu(launch, self.settings.routings, repeats=repeats, prime=prime)
 
     def _checked_versus(self, family, task: Task, inputs, ref, problem):
-        """The launch of task.versus, if its output is right here (else the timing goes unpaired)."""
+        """The launch of task.versus, if it runs and its output is right here (else the timing goes
+        unpaired: the config measured is not blamed for its baseline)."""
         if task.versus is None:
             return None
-        if getattr(inputs, "C", None) is not None:
-            inputs.C.fill_(float("nan"))
-        out = family.run(task.versus, inputs, 0)
-        if not self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))[0]:
+        try:
+            if getattr(inputs, "C", None) is not None:
+                inputs.C.fill_(float("nan"))
+            out = family.run(task.versus, inputs, 0)
+            if not self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))[0]:
+                return None
+        except Exception as e:
+            failure_reason("the baseline of a paired timing", e)     # to the worker log
             return None
         return lambda i: family.run(task.versus, inputs, i)
 
