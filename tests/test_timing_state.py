@@ -87,3 +87,25 @@ def test_a_duel_turns_the_order_each_round_so_a_drift_weighs_on_both_sides():
     assert calls == ["default", "tactic", "tactic", "default", "default", "tactic"]
     assert abs(t.median_us / versus_us - 1) < 0.011 and ratio_spread > 0.015   # level, the drift shows as spread
     assert not pins_over_default(paired(t.median_us, versus_us, ratio_spread), timed(-1, 20.0))
+
+
+def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpaired():
+    # In-process on the CPU (Triton's interpreter workers' wall clock): tactic 0 beside -1 is paired;
+    # beside tactic 1, wrong at M=2, the timing goes unpaired and tactic 0 is not blamed for it.
+    from autotune.measurer import Measurer
+    from autotune.models import Problem
+    from autotune.worker import Settings, Task
+    from tests.tactic_backends import TacticBackends
+
+    fam, problem = TacticBackends(), Problem(8, 32, 64, 2, "bf16", batch_sizes=(2,))
+    measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
+
+    def beside(baseline):
+        task = Task(problem.to_dict(), problem.key, "layer", {"backend": "tunable", "tactic": 0}, [2],
+                    family=fam.spec, versus={"backend": "tunable", "tactic": baseline})
+        m, fatal = measurer.measure(task, problem, 2)
+        assert m.ok and not fatal
+        return m
+    paired = beside(-1)
+    assert paired.versus_us > 5 * paired.time_us and paired.samples == 3 * 3    # 3 rounds of (at most) 3
+    assert beside(1).versus_us is None
