@@ -95,8 +95,14 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
         print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
               f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
         _summary(args).setdefault("flashinfer_blocklist", str(path))
+    searched = any(m.config.get("tactic", -1) != -1 for t in tuners for M in t.Ms for m in t.measured[M].values())
+    if searched and not invalid:
+        print("no tactic was disqualified: every tactic FlashInfer's runners listed ran correctly; no blocklist written")
     entries = files.cache_entries_of(family, per_problem)
     if not entries:
+        if searched:    # say so: an absent cache is the answer, not a step that failed
+            print("no tactic beat its backend's default (-1) beyond the noise at any batch size: no FlashInfer "
+                  "cache written (SGLang's start-up tuning runs as it would without autotune)")
         return
     path = folder / files.CACHE_FILE
     try:

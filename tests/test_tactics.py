@@ -183,6 +183,22 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
     assert (folder / tactic_files.BLOCKLIST_FILE).exists()      # the blocklist needs only the GPU's name
 
 
+def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tuned, tmp_path, capsys):
+    from autotune import cli_backends
+    from autotune.choice import Choice
+
+    fam, tuner, _, _ = tuned
+    kept = {b: {M: Choice(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
+            for b, per_m in tuner.pinned.items()}
+    device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
+    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in kept.values()])
+    out = capsys.readouterr().out
+    assert not (tmp_path / device.file_name / tactic_files.CACHE_FILE).exists()
+    assert "no tactic beat its backend's default (-1) beyond the noise" in out
+    assert "no tactic was disqualified" not in out          # two were: the blocklist says which
+
+
 def test_the_table_names_the_winning_tactic(tuned):
     from autotune.report import backend_table
 
