@@ -273,7 +273,7 @@ class BackendTuner:
             out[b] = {}
             for M, c in self._choose(plan, default).items():
                 d = self.careful.get((LAYER, M, config_key(default)))
-                if c.auto_us is None or d is None:
+                if d is None or not d.ok:
                     continue
                 # The tactic furthest below the default it was timed beside (its time if unpaired).
                 timed = [m for f in plan[M] if f.source == TUNED

@@ -106,16 +106,22 @@ class Measurer:
             return self.time_cpu(launch, self.settings.routings, repeats=min(repeats, 3))
         return self.time_gpu(launch, self.settings.routings, repeats=repeats, prime=prime)
 
+    def _checked_launch(self, family, cfg, inputs, ref, problem) -> tuple[bool, str, float]:
+        """One launch of `cfg` into an output poisoned with NaN first, checked against `ref`."""
+        if getattr(inputs, "C", None) is not None:   # families that own their output buffer
+            inputs.C.fill_(float("nan"))
+        out = family.run(cfg, inputs, 0)
+        if not self.settings.on_cpu:
+            self.torch.cuda.synchronize()
+        return self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))
+
     def _checked_versus(self, family, task: Task, inputs, ref, problem):
         """The launch of task.versus, if it runs and its output is right here (else the timing goes
         unpaired: the config measured is not blamed for its baseline)."""
         if task.versus is None:
             return None
         try:
-            if getattr(inputs, "C", None) is not None:
-                inputs.C.fill_(float("nan"))
-            out = family.run(task.versus, inputs, 0)
-            if not self.check_output(out, ref, family.tolerance(problem, self.settings.on_cpu))[0]:
+            if not self._checked_launch(family, task.versus, inputs, ref, problem)[0]:
                 return None
         except Exception as e:
             failure_reason("the baseline of a paired timing", e)     # to the worker log
@@ -149,13 +155,8 @@ class Measurer:
             with self.gpu():
                 ref = family.reference(inputs, cfg)
                 t0 = time.perf_counter()
-                if getattr(inputs, "C", None) is not None:   # families that own their output buffer
-                    inputs.C.fill_(float("nan"))
-                out = family.run(cfg, inputs, 0)
-                if not s.on_cpu:
-                    self.torch.cuda.synchronize()
+                ok, reason, err = self._checked_launch(family, cfg, inputs, ref, problem)
                 compile_s += time.perf_counter() - t0
-                ok, reason, err = self.check_output(out, ref, family.tolerance(problem, s.on_cpu))
                 if not ok:
                     return failed(records.WRONG_RESULT, reason, error=err, compile_s=compile_s), False
                 stage = "timing"

@@ -25,7 +25,6 @@ from .measurer import Measurer
 from .records import Measurement, failure
 
 
-
 @dataclass
 class Settings:
     family: str = "triton_moe"    # default family of tasks that name none

@@ -124,7 +124,8 @@ def main() -> int:
     if not Path(args.cache).is_file():
         ap.error(f"{args.cache}: no such file")
     if not rows:
-        print("the summary lists no pinned tactic (other than -1): nothing to probe", file=sys.stderr)
+        print(f"the summary lists no {'FlashInfer tactic row' if args.all else 'pinned tactic (other than -1)'}: "
+              "nothing to probe", file=sys.stderr)
         return 1
     runners = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}
     family, spy, tuner = Fp8Gemm(), Spy(), AutoTuner.get()

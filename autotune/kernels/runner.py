@@ -64,6 +64,15 @@ class Runner:
         keeps no entry for it."""
         return []
 
+    def kept(self, inputs, what: str, make):
+        """`make()` once per set of inputs and per runner: a worker's inputs at an M serve every
+        backend it measures there, so an object of one backend (FlashInfer's runner) is never
+        handed to another (H200, session 12: cuDNN tactics ran on the cuBLAS runner)."""
+        key = (what, self.name)
+        if key not in inputs.cache:
+            inputs.cache[key] = make()
+        return inputs.cache[key]
+
     def run(self, inputs, routing: int, tactic: int = -1):
         """Launch once on routing set `routing`; returns the output tensor (and sets inputs.C)."""
         raise NotImplementedError(f"{self.family}/{self.name}: {self.not_implemented or 'no launch'}")

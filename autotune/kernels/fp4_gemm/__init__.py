@@ -69,14 +69,12 @@ class MmFp4(Runner):
         import torch
         from flashinfer.gemm import gemm_base as g
 
-        key = ("runner", self.backend)       # inputs are shared by every backend at this M
-        if key not in inputs.cache:
+        def make():
             major, minor = torch.cuda.get_device_capability()
-            make = {"cudnn": lambda: g._cudnn_gemm_fp4_runner(g._MM_FP4_TUNING_CONFIG_128x4),
+            return {"cudnn": lambda: g._cudnn_gemm_fp4_runner(g._MM_FP4_TUNING_CONFIG_128x4),
                     "cutlass": lambda: g.get_cutlass_fp4_gemm_module(major, minor).cutlass_fp4_gemm_runner(),
-                    "b12x": lambda: g._b12x_gemm_fp4_runner(major, minor, True, torch.bfloat16, True)}
-            inputs.cache[key] = make[self.backend]()
-        return inputs.cache[key]
+                    "b12x": lambda: g._b12x_gemm_fp4_runner(major, minor, True, torch.bfloat16, True)}[self.backend]()
+        return self.kept(inputs, "runner", make)
 
     def _operands(self, inputs: Fp4Inputs, routing: int) -> list:
         """mm_fp4's choose_one inputs: a, b, a_descale, b_descale, alpha, out_dtype, out,

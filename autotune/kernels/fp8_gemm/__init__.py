@@ -106,14 +106,9 @@ class BmmFp8(Runner):
     def _flashinfer_runner(self, inputs: GemmInputs):
         from flashinfer.gemm import gemm_base as g
 
-        # One object per backend (cuBLASLt's algo list is cached inside it). The inputs are shared by
-        # every backend a worker measures at this M, so the key names the backend: under one key, a
-        # cuDNN tactic ran on the cuBLAS runner (H200, session 12: 16 "TypeError" disqualifications).
-        key = ("runner", self.backend)
-        if key not in inputs.cache:
-            inputs.cache[key] = (g.get_gemm_module().cublas_fp8_gemm_runner() if self.backend == "cublas"
-                                 else g._cudnn_gemm_fp8_runner())
-        return inputs.cache[key]
+        # one object: cuBLASLt's algo list is cached inside it
+        return self.kept(inputs, "runner", lambda: g.get_gemm_module().cublas_fp8_gemm_runner()
+                         if self.backend == "cublas" else g._cudnn_gemm_fp8_runner())
 
     def _operands(self, inputs: GemmInputs, routing: int) -> list:
         """[a, b, scale_a, scale_b, out, workspace]: the inputs list FlashInfer's fp8_gemm passes.

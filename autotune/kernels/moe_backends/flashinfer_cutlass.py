@@ -34,13 +34,11 @@ class CutlassMoe(Runner):
         """The MoERunner cutlass_fused_moe builds for this call."""
         import torch
 
-        key = ("moe_runner", self.name)     # inputs are shared by every backend at this M
-        if key not in inputs.cache:
+        def make():
             x, fc1, _, _, _ = self._operands(inputs, 0)
             major, minor = torch.cuda.get_device_capability(x.device)
-            inputs.cache[key] = self.flashinfer_moe_runner(
-                major * 10 + minor, x.dtype, fc1.dtype, inputs.topk_ids[0].size(1))
-        return inputs.cache[key]
+            return self.flashinfer_moe_runner(major * 10 + minor, x.dtype, fc1.dtype, inputs.topk_ids[0].size(1))
+        return self.kept(inputs, "moe_runner", make)
 
     def flashinfer_moe_runner(self, sm: int, x_dtype, weight_dtype, top_k: int, tp_size: int = 1, ep_size: int = 1):
         """FlashInfer's MoERunner as cutlass_fused_moe builds it for SGLang's call (rank 0):
