@@ -197,3 +197,15 @@ def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
     assert shipped and all("triton_3_5_1" in f for r in shipped for f in r["evidence"]["files"])
     report = (out / "report.md").read_text()
     assert "python -m sglang.benchmark.one_batch" in report and "sglang.bench_one_batch`" not in report
+
+
+def test_runs_with_one_start_per_arm_fail_the_gate_as_not_judged(tmp_path, capsys):
+    """The committed sample holds one run per arm: nothing can be judged, so --gate exits 1 and says so."""
+    out = tmp_path / "out"
+    argv = ["validate", "--engine", "sglang", "--from-runs", str(SAMPLE), "--configs", str(ROOT / TUNED),
+            "--out", str(out)]
+    assert main(argv + ["--gate"]) == 1
+    assert "gate FAILED: none of 12 tested points could be judged (each needs at least 2 runs per side)" in \
+        capsys.readouterr().out
+    rec = json.loads((out / "validation.json").read_text())
+    assert not rec["gate"]["passed"] and {c["verdict"] for c in rec["comparisons"]} == {"not judged"}
