@@ -1,14 +1,18 @@
-"""Which backend of which kernel family may run on which GPU: the capability table.
+"""Which backends of which kernel family a run launches on a GPU, and what is expected of them.
 
 The table is made of the runners' own declarations (autotune.kernels.runner: one module per
 backend in its family's package). Each names the SGLang server-argument value that selects it
-(None when SGLang cannot select it and we measure it for reference only), what it calls, and where
-its support comes from: FlashInfer's own declaration (its `backend_requirement` /
-`supported_compute_capability` decorators, queried at run time, so a FlashInfer upgrade that adds
-an architecture is seen), or an explicit SM set where FlashInfer declares nothing; and what the
-field showed despite the declarations (the hand investigation on 8x RTX PRO 6000, SM120), with the
-evidence. This module applies those rules; an unsupported backend is recorded as skipped with its
-reason and never launched.
+(None when SGLang cannot select it and we measure it for reference only), what it calls, and what
+is known of where it runs: FlashInfer's own declaration (its `backend_requirement` /
+`supported_compute_capability` decorators, queried at run time), an explicit SM set where
+FlashInfer declares nothing, a CUDA minimum, and what the field showed despite the declarations
+(the hand investigation on 8x RTX PRO 6000, SM120), with the evidence.
+
+Those are predictions, not a gate: the sieve launches every backend the installed packages offer
+(`availability`: autotune has a launch for it, SGLang offers its flag value, what it imports is
+installed, the user did not skip it) and records what happened. `expected_failure` is the
+prediction shown beside the outcome, so a FlashInfer or SGLang release that fixes a backend (or
+breaks one) is seen, not assumed.
 """
 from __future__ import annotations
 
@@ -51,8 +55,9 @@ def runners(family: str | None = None) -> list:
 @dataclass
 class Availability:
     backend: object      # the runner
-    ok: bool
-    reason: str = ""
+    ok: bool             # the run launches it
+    reason: str = ""     # why not
+    expected: str = ""   # why its declarations expect it to fail here (a prediction, launched anyway)
 
 
 def _flashinfer_supports(fn_name: str, backend: str | None, sm: int) -> bool | None:
@@ -85,30 +90,57 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availability:
+def expected_failure(b, device: DeviceInfo) -> str | None:
+    """Why the declarations expect `b` to fail on this GPU, or None: what the field showed, the SMs
+    it is built for, FlashInfer's own requirement table, the CUDA minimum. Shown beside what the
+    launch did; never consulted to decide whether to launch."""
     sm = device.sm
-    needs = b.needs + (("flashinfer",) if "flashinfer" in b.calls else ())
     for sms, reason in b.known_failures:
         if sm in sms:
-            return Availability(b, False, f"known failure on SM{sm}: {reason}")
+            return f"known failure on SM{sm}: {reason}"
     if b.sms is not None and sm not in b.sms:
-        return Availability(b, False, f"supports SM{', SM'.join(str(s) for s in sorted(b.sms))}; this is SM{sm}")
+        return f"built for SM{', SM'.join(str(s) for s in sorted(b.sms))}; this is SM{sm}"
     if b.flashinfer is not None:
         declared = _flashinfer_supports(*b.flashinfer, sm)
         if declared is False:
             fn, arg = b.flashinfer
             what = f"flashinfer.{fn}" + (f" backend '{arg}'" if arg else "")
-            return Availability(b, False, f"{what} does not support SM{sm} (FlashInfer's own requirement table)")
+            return f"{what} does not support SM{sm} (FlashInfer's own requirement table)"
     if b.min_cuda is not None:
         cuda = _cuda_version(device)
         if cuda is None or cuda < b.min_cuda:
-            return Availability(b, False, f"needs CUDA >= {b.min_cuda[0]}.{b.min_cuda[1]}, "
-                                          f"this is {device.versions.get('cuda') or 'unknown'}")
+            return (f"needs CUDA >= {b.min_cuda[0]}.{b.min_cuda[1]}, this is "
+                    f"{device.versions.get('cuda') or 'unknown'}")
+    return None
+
+
+def sglang_offers(family: str, value: str) -> bool | None:
+    """Whether the installed SGLang accepts `value` for the family's flag (None: SGLang absent)."""
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:
+        return None
+    accepted = {"fp4-gemm-backend": choices.FP4_GEMM_RUNNER_BACKEND_CHOICES,
+                "fp8-gemm-backend": choices.FP8_GEMM_RUNNER_BACKEND_CHOICES,
+                "moe-runner-backend": choices.MOE_RUNNER_BACKEND_CHOICES}[FAMILY_FLAGS[family]]
+    return value in accepted
+
+
+def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availability:
+    """Whether a run launches `b` here. Not when autotune has no launch for it, or (on the GPU, where
+    packages are checked) SGLang does not offer its flag value or a package it imports is missing.
+    The declarations' prediction rides along in `expected`; it does not decide."""
+    if b.not_implemented:
+        return Availability(b, False, f"not launched: {b.not_implemented}")
     if check_imports:
+        needs = b.needs + (("flashinfer",) if "flashinfer" in b.calls else ())
         for mod in needs:
             if not _importable(mod):
                 return Availability(b, False, f"needs the '{mod}' package, not installed")
-    return Availability(b, True)
+        if b.sglang_value is not None and sglang_offers(b.family, b.sglang_value) is False:
+            return Availability(b, False, f"the installed SGLang has no --{FAMILY_FLAGS[b.family]} "
+                                          f"{b.sglang_value}")
+    return Availability(b, True, expected=expected_failure(b, device) or "")
 
 
 def backends(family: str) -> list:
@@ -129,30 +161,57 @@ def plan(family: str, device: DeviceInfo, check_imports: bool = True) -> list[Av
 
 
 def sglang_auto(family: str, device: DeviceInfo, deep_gemm: bool | None = None) -> str | None:
-    """The backend SGLang 0.5.23 resolves `auto` to for this family on this GPU (its code, by file):
-    - fp4_gemm: srt/layers/quantization/fp4_utils.py initialize_fp4_gemm_config: SM100 ->
-      flashinfer_cutedsl, SM80-SM99 -> marlin, otherwise flashinfer_cutlass.
-    - moe_fp4: srt/layers/quantization/modelopt_quant.py create_moe_runner: SM80-SM99 -> marlin,
-      otherwise flashinfer_trtllm (also on SM120, where it crashes: the reason this tool exists).
-    - fp8_gemm: srt/layers/quantization/fp8_utils.py: SM120 -> cutlass; deep_gemm when its JIT
-      is enabled; Blackwell + FlashInfer -> flashinfer_trtllm; otherwise triton.
-    - moe_fp8: srt/layers/quantization/fp8.py: deep_gemm only with DeepEP-style all-to-all, else triton.
-    - moe_bf16: srt/layers/quantization/unquant.py: triton.
-    Returned names are our backend names; None when SGLang's choice is not one we measure.
+    """Our name of the backend SGLang resolves `auto` to for this family on this GPU, or None when
+    it is not one we measure.
+    - moe_*, fp4_gemm: asked of the installed SGLang's own resolution code
+      (autotune.kernels.sglang_layer: its server-argument stage, then the quant method's; FP4 GEMM:
+      fp4_utils.initialize_fp4_gemm_config), as on this GPU: the GPU itself, or, from a CPU or a
+      replay, SGLang told it runs on an SM`device.sm` GPU. Answers are remembered per SGLang install.
+    - fp8_gemm (restated from SGLang 0.5.23, srt/layers/quantization/fp8_utils.py): SM120 -> cutlass;
+      deep_gemm when its JIT is enabled; Blackwell + FlashInfer -> flashinfer_trtllm; otherwise triton.
     """
     sm = device.sm
-    if deep_gemm is None:
-        deep_gemm = _importable("deep_gemm") if device.kind == "gpu" else False
-    if family == "fp4_gemm":
-        return "cute-dsl" if sm in SM100S else ("cutlass" if sm >= 100 else None)
-    if family == "moe_fp4":
-        return "flashinfer_trtllm" if sm >= 100 else None
     if family == "fp8_gemm":
+        if deep_gemm is None:
+            deep_gemm = _importable("deep_gemm") if device.kind == "gpu" else False
         if sm in SM120S:
             return "cutlass"
         if deep_gemm and sm in (90, 100, 103):
             return "deep_gemm"
         return "triton" if sm < 100 else None
-    if family in ("moe_fp8", "moe_bf16"):
-        return "triton"
-    raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
+    if family not in FAMILY_FLAGS:
+        raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
+    value = sglang_auto_value(family, None if _is_this_gpu(device) else sm)
+    return next((r.name for r in runners(family) if value is not None and r.sglang_value == value), None)
+
+
+def _is_this_gpu(device: DeviceInfo) -> bool:
+    """Whether `device` is the GPU this process runs on (then SGLang answers for itself)."""
+    if device.kind != "gpu":
+        return False
+    import torch
+    if not torch.cuda.is_available():
+        return False
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor == device.sm
+
+
+_DTYPES = {"moe_fp4": "nvfp4", "moe_fp8": "fp8_w8a8_block", "moe_bf16": "bf16"}
+
+
+def sglang_auto_value(family: str, sm: int | None) -> str | None:
+    """The flag value SGLang's own code resolves `auto` to (sm None: this machine's GPU); None
+    where SGLang is not installed."""
+    if not _importable("sglang"):
+        return None
+    from .kernels import sglang_layer
+    from .kernels.sglang_loader import remembered
+
+    def ask():
+        if family == "fp4_gemm":
+            return sglang_layer.resolved_fp4_gemm_backend(sm)
+        from .models import Problem
+        return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=_DTYPES[family]), sm)
+    if sm is None:
+        return ask()
+    return remembered(("auto", family, sm), ask, lambda a: isinstance(a, str))

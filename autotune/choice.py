@@ -34,10 +34,10 @@ MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
 
 
 def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
-    # "|tactics": the params' value sets below are every declared backend (the same on every
-    # machine) and an integer tactic id; studies of older releases (the available backends only,
-    # tactic -1 only: value sets Optuna refuses to mix) are left alone under their old names.
-    return f"{family}|{device_name}|{problem_key}|M={M}|tactics"
+    # "|sieve": the params' value sets below are every declared backend (the same on every
+    # machine; the sieve's declarations added backends) and an integer tactic id; studies of older
+    # releases (other value sets, which Optuna refuses to mix) are left alone under their old names.
+    return f"{family}|{device_name}|{problem_key}|M={M}|sieve"
 
 
 def tactic_id(tactic) -> int:
@@ -353,6 +353,36 @@ class ServerChoice:
     disqualified: dict               # backend -> "reason at M=..., problem ..."
     skipped: dict                    # backend -> why it never ran here
     mix_measured: bool = True        # False: no batch size of this mix was in the run
+    expected: dict = field(default_factory=dict)    # backend -> why its declarations expect it to fail here
+    values: dict = field(default_factory=dict)      # backend -> the flag value selecting it (None: none)
+
+    def _flag(self, b: str | None) -> str:
+        return (self.values.get(b) or b) if b else "-"
+
+    @property
+    def auto_line(self) -> str:
+        """SGLang's `auto` beside the pick, as one line: "auto -> flashinfer_trtllm: crash at M=1 on
+        ...: killed by SIGKILL | picked flashinfer_cutlass"."""
+        pick = f"picked {self._flag(self.backend)}" if self.backend else "picked none (no selectable backend ran correctly)"
+        if self.auto is None:
+            return f"auto -> a backend autotune does not measure | {pick}"
+        why = self.disqualified.get(self.auto) or (f"not run: {self.skipped[self.auto]}" if self.auto in self.skipped
+                                                   else None)
+        gain = f" ({self.gain_vs_auto:.3f}x over auto)" if self.gain_vs_auto and self.backend != self.auto else ""
+        return f"auto -> {self._flag(self.auto)}" + (f": {why}" if why else "") + f" | {pick}{gain}"
+
+    @property
+    def auto_fails(self) -> bool:
+        return self.auto is not None and self.auto in self.disqualified
+
+    def surprises(self) -> list[str]:
+        """Where the outcome is not what the declarations say: a backend expected to fail here that
+        ran correctly, or one expected to run that failed (a release changed, or a declaration is off)."""
+        out = [f"{b} ran correctly though its declaration expects it to fail here ({why})"
+               for b, why in sorted(self.expected.items()) if b in self.totals]
+        out += [f"{b} failed though nothing declared expects it to: {self.disqualified[b]}"
+                for b in sorted(self.disqualified) if b not in self.expected]
+        return out
 
     @property
     def summary(self) -> str:
@@ -407,5 +437,7 @@ def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode
             per_m += getattr(t.problem, "layers", 1) * min(xs) if xs else 0.0
     eligible = {b: v for b, v in totals.items() if b in selectable}
     best = min(eligible, key=eligible.get) if eligible else None
+    plan = family.availability(device)
     return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped,
-                        mix_measured)
+                        mix_measured, expected={a.backend.name: a.expected for a in plan if a.ok and a.expected},
+                        values={a.backend.name: family.sglang_value(a.backend.name) for a in plan})

@@ -77,17 +77,33 @@ def _family_options(args, device) -> dict:
     from .backends import runners
 
     tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
-    skip = tuple(b.strip() for b in (getattr(args, "skip_backends", None) or "").split(",") if b.strip())
-    known = sorted({b.name for b in runners()})
-    unknown = [b for b in skip if b not in known]
-    if unknown:
-        raise UsageError(f"--skip-backends: unknown backend {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+    skip = _skipped_backends(getattr(args, "skip_backends", None) or "")
     opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": _targets(args)}}
     for name in ("fp8_gemm", "fp4_gemm"):
-        opts[name] = {"skip": skip}
+        opts[name] = {"skip": skip.get(name, ())}
     for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
-        opts[name] = {"triton_config_dir": tuned, "skip": skip}
+        opts[name] = {"triton_config_dir": tuned, "skip": skip.get(name, ())}
     return opts
+
+
+def _skipped_backends(text: str) -> dict:
+    """family -> backends --skip-backends leaves out there: NAME in every family that has it,
+    FAMILY:NAME in that family only (moe_bf16:flashinfer_cutlass keeps the NVFP4 one)."""
+    from .backends import FAMILIES, runners
+
+    out: dict = {f: [] for f in FAMILIES}
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        family, _, name = entry.rpartition(":")
+        if family and family not in FAMILIES:
+            raise UsageError(f"--skip-backends {entry!r}: unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        known = sorted({b.name for b in runners(family or None)})
+        if name not in known:
+            raise UsageError(f"--skip-backends: unknown backend {name!r}" + (f" for {family}" if family else "")
+                             + f"; known: {', '.join(known)}")
+        for f in ([family] if family else FAMILIES):
+            if name in {b.name for b in runners(f)}:
+                out[f].append(name)
+    return {f: tuple(v) for f, v in out.items()}
 
 
 def _plan(args, device, cache, kernels=("triton_moe",), options=None):

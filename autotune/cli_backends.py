@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .backends import FAMILY_FLAGS
 from .cli import _no_bar, _record, _summary
 from .cli_common import UsageError
 
@@ -60,6 +61,11 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                                                  *t.unavailable.values()], careful=t.careful.values())
         chosen = server_choice(fp.family, device, tuners, args.mix)
         other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
+        flag = f"--{FAMILY_FLAGS[fp.name]}"
+        if chosen.auto_fails:      # what a user of SGLang's default hits first: said first, in one line
+            print(f"\n{fp.name}: SGLang's {flag} {chosen.auto_line}")
+        for line in chosen.surprises():
+            print(f"  note: {line}")
         print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.summary}"
               + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
@@ -67,6 +73,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         results.append(([chosen, other], fp.family))
         write_tactic_files(args, device, fp.family, tuners, per_problem)
         _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
+        _summary(args)[f"{fp.name} auto"] = chosen.auto_line
     try:
         path = server_args.write(args.out, device, results, args.checkpoint, details)
     except server_args.ChoicesError as e:

@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
                    help="batch-size mix the one-backend-per-server choice optimises (default decode)")
     p.add_argument("--skip-backends", metavar="NAMES",
-                   help="backends never launched, in every family (e.g. flashinfer_cutlass where its "
-                        "CUTLASS MoE JIT build, ~30 min on 16 cores, is not cached yet)")
+                   help="backends never launched: NAME in every family, FAMILY:NAME in one (e.g. "
+                        "moe_bf16:flashinfer_cutlass where its CUTLASS MoE JIT build is not cached yet)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
     p.set_defaults(fn=cmd_run)

@@ -29,6 +29,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     text = f"{name}: {exc}"
     if isinstance(exc, ImportError):
         return records.UNAVAILABLE, False
+    if name == "Refused":          # autotune.kernels.sglang_layer: SGLang's own check said no
+        return records.REFUSED, False
     if name == "OutOfResources" or "out of resource" in text.lower():
         return records.OUT_OF_RESOURCES, False
     if ("CompilationError" in name or "CompileTimeAssertionFailure" in name

@@ -30,8 +30,12 @@ NOT_RECORDED = "not_recorded"   # replay: the cache has no measurement for this
 # backend's. Backend choice shows it as skipped, never disqualifies on it and never stores it in
 # the study, so a re-run on a fixed machine measures the backend.
 UNAVAILABLE = "unavailable"
+# SGLang (or FlashInfer through it) declined the backend for these weights on this GPU, by its own
+# check, before any kernel ran ("Current platform does not support NVFP4 ..."): a failure of the
+# backend here, shown as SGLang's answer.
+REFUSED = "refused"
 STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED,
-            UNAVAILABLE)
+            UNAVAILABLE, REFUSED)
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1

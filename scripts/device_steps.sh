@@ -11,6 +11,10 @@
 #   backends   issue 3: fp8_gemm, moe_fp8, moe_bf16 backend choice and server_args.yaml
 #   tactics    issue 10: the FP8 GEMM backends with every tactic FlashInfer's runners offer (TACTIC_BS
 #              batch sizes), FlashInfer's cache and blocklist written, --json summary in $WORK/tactics.json
+#   sieve      issue 22: every MoE runner and FP4 GEMM backend SGLang offers, launched through SGLang's own
+#              layers (NVFP4, bf16, block-FP8 experts; NVFP4 dense GEMMs), outcomes with evidence, server_args.yaml
+#              (SIEVE_BS batch sizes, SIEVE_SKIP backends left out; needs the SGLang 0.5.23 carry:
+#              `source .sglang023/carry/setup.sh`, from scripts/make_sglang023_carry.sh, plus optuna's wheels)
 #   probe      issue 10: a fresh process loads that cache: benchmarks/flashinfer_cache_probe.py --all
 #   state      what sets a lone process's later CUDA-graph timings apart: benchmarks/timing_state_probe.py
 #              (STATE_ORDERS, default: the script's own set)
@@ -72,6 +76,14 @@ step_backends() {
 step_tactics() {
   at run "${MODEL[@]}" --kernels fp8_gemm --gpus all --batch-sizes "${TACTIC_BS:-1,8,64,512}" --out "$WORK/tactics" \
      --storage "sqlite:///$WORK/tactics.db" --record "$WORK/tactics.jsonl.gz" --json "$WORK/tactics.json" --quiet
+}
+
+step_sieve() {
+  at run "${MODEL[@]}" --kernels moe_fp4,fp4_gemm,moe_bf16,moe_fp8 --gpus all --batch-sizes "${SIEVE_BS:-1,64}" \
+     --skip-backends "${SIEVE_SKIP:-marlin,moe_bf16:flashinfer_cutlass}" --timeout "${SIEVE_TIMEOUT:-150}" \
+     --storage "sqlite:///$WORK/sieve.db" --out "$WORK/sieve" --record "$WORK/sieve.jsonl.gz" \
+     --json "$WORK/sieve.json" --checkpoint moe_fp4 --quiet
+  cat "$WORK"/sieve/*/server_args.yaml 2>/dev/null
 }
 
 step_probe() {

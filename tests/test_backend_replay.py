@@ -42,7 +42,7 @@ def test_decode_mix_picks_cutlass_and_writes_server_args(tmp_path, cache_path, c
     assert "not on this device: fp4_gemm" in out and "SM90" in out        # listed once, with why
     yaml_text = (tmp_path / "out/NVIDIA_H200/server_args.yaml").read_text()
     assert "\nmoe-runner-backend: flashinfer_cutlass\n" in yaml_text
-    assert "gain over SGLang's auto (triton)" in yaml_text
+    assert "#   auto -> triton | picked flashinfer_cutlass (1." in yaml_text     # SGLang's auto beside the pick
     details = json.loads((tmp_path / "out/NVIDIA_H200/backend_choice.json").read_text())
     per_m = details["families"]["moe_bf16"]["E=512,N=128,K=4096,topk=10,bf16"]["per_M"]
     assert per_m["1"]["config"]["backend"] == "flashinfer_cutlass" and per_m["4096"]["config"]["backend"] == "triton"
@@ -84,6 +84,26 @@ def test_a_rerun_with_other_backends_available_resumes_the_same_studies(tmp_path
 def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
     assert _run(tmp_path, cache_path, "--skip-backends", "flashinfer_cutlas") == 2
     assert "--skip-backends: unknown backend 'flashinfer_cutlas'" in capsys.readouterr().err
+    for bad, line in (("moe_bf17:triton", "unknown family 'moe_bf17'"),
+                      ("moe_bf16:marlin", "unknown backend 'marlin' for moe_bf16")):
+        assert _run(tmp_path, cache_path, "--skip-backends", bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and line in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_backend_is_skipped_in_one_family_only(tmp_path, cache_path):
+    """moe_bf16:flashinfer_cutlass leaves out the bf16 CUTLASS MoE (a JIT build this machine cannot
+    afford) and nothing else: the other families keep theirs."""
+    from autotune.cli import _skipped_backends
+
+    skip = _skipped_backends("moe_bf16:flashinfer_cutlass, marlin")
+    assert skip["moe_bf16"] == ("flashinfer_cutlass",) and skip["moe_fp4"] == ("marlin",)
+    assert skip["moe_fp8"] == ("marlin",) and skip["fp4_gemm"] == ("marlin",) and skip["fp8_gemm"] == ()
+    assert _run(tmp_path, cache_path, "--skip-backends", "moe_bf16:flashinfer_cutlass") == 0
+    details = json.loads((tmp_path / "out/NVIDIA_H200/backend_choice.json").read_text())
+    assert details["families"]["moe_bf16"]["server_choice"]["decode"]["skipped"]["flashinfer_cutlass"] == \
+        "left out by --skip-backends"
 
 
 # --- one folder collects the families of several runs -----------------------------------------

@@ -552,9 +552,12 @@ def test_sm120_b12x_tactics_are_listed_keyed_and_blocklisted_as_flashinfer_does(
     n, k = 2560, 4096
     problem = SimpleNamespace(N=n, K=k)
     f32 = dict(dtype=torch.float32)
-    a = (meta(m, k // 2), meta(-(-m // 128) * 128, k // 16), meta(**f32))      # packed e2m1, swizzled scales
-    b = (meta(n, k // 2), meta(n, k // 16), meta(**f32))
-    inputs = Fp4Inputs(problem, m, [a], [b])
+    # mm_fp4's operands as the runner builds them from FlashInfer's quantizer (packed e2m1, swizzled
+    # scales), on the meta device: what its tactic listing reads are shapes and dtypes
+    inputs = Fp4Inputs(problem, m, [meta(m, k, dtype=torch.bfloat16)], {}, None, {})
+    inputs.cache["operands", 0] = [meta(m, k // 2), meta(n, k // 2).T, meta(-(-m // 128) * 128, k // 16),
+                                   meta(n, k // 16).T, meta(**f32), torch.bfloat16,
+                                   meta(m, n, dtype=torch.bfloat16), 16, True, meta(gb.DEFAULT_WORKSPACE_SIZE)]
     listed = RUNNER.tactics(inputs)
     fi = gb._b12x_gemm_fp4_runner(12, 0, True, torch.bfloat16, True)
     theirs = fi.get_valid_tactics(RUNNER._operands(inputs, 0), None)

@@ -33,7 +33,8 @@ def choice_record(c: ServerChoice, family) -> dict:
     names = set(c.totals) | {b for b in (c.backend, c.auto) if b}
     return {"backend": c.backend, "totals": c.totals, "auto": c.auto, "gain_vs_auto": c.gain_vs_auto,
             "per_m_gain": c.per_m_gain, "per_m_total": c.per_m_total, "disqualified": c.disqualified,
-            "skipped": c.skipped, "sglang_values": {b: family.sglang_value(b) for b in sorted(names)}}
+            "skipped": c.skipped, "sglang_values": {b: family.sglang_value(b) for b in sorted(names)},
+            "auto_line": c.auto_line, "expected": c.expected, "surprises": c.surprises()}
 
 
 def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
@@ -61,7 +62,9 @@ def _section(family: str, entry: dict) -> tuple[list[str], str | None]:
                                  ("not selectable in SGLang", not _sglang_value(rec, family, b))) if yes]
         ratio = f" ({total / totals[backend]:.3f}x the chosen)" if backend and b != backend else ""
         out.append(f"#   {b}: {total:.1f} us{ratio}" + (f"  [{', '.join(tags)}]" if tags else ""))
-    if rec.get("gain_vs_auto") is not None:
+    if rec.get("auto_line"):
+        out.append(f"#   {rec['auto_line']}")
+    elif rec.get("gain_vs_auto") is not None:          # files from before the auto line was stored
         out.append(f"#   gain over SGLang's auto ({auto}): {rec['gain_vs_auto']:.3f}x")
     elif auto:
         why = rec["disqualified"].get(auto) or rec["skipped"].get(auto) or "not measured on every problem"
@@ -69,8 +72,11 @@ def _section(family: str, entry: dict) -> tuple[list[str], str | None]:
     if rec.get("per_m_gain") is not None:
         out.append(f"#   choosing per M instead of one backend would gain {rec['per_m_gain']:.3f}x"
                    " (counting backends SGLang cannot select)")
-    out += [f"#   disqualified {b}: {why}" for b, why in sorted(rec["disqualified"].items())]
+    expected = rec.get("expected", {})
+    out += [f"#   disqualified {b}: {why}" + (f" (expected: {expected[b]})" if b in expected else "")
+            for b, why in sorted(rec["disqualified"].items())]
     out += [f"#   skipped {b}: {why}" for b, why in sorted(rec["skipped"].items())]
+    out += [f"#   note: {line}" for line in rec.get("surprises", [])]
     return out, (_sglang_value(rec, family, backend) if backend else None)
 
 

@@ -34,8 +34,6 @@ class BackendFamily:
         for a in plan:
             if a.ok and a.backend.name in self.skip:
                 a.ok, a.reason = False, "left out by --skip-backends"
-            elif a.ok and a.backend.not_implemented:
-                a.ok, a.reason = False, f"autotune has no runner for it yet ({a.backend.not_implemented})"
         return plan
 
     def unsupported_reason(self, problem, device: DeviceInfo) -> str | None:
@@ -81,8 +79,10 @@ class BackendFamily:
         """FlashInfer and SGLang JIT modules are built by `warmup` in the first worker."""
 
     def warmup(self, problems: list, on_cpu: bool = False) -> None:
-        """Run every available backend once on the first problem's smallest M, so their JIT
-        builds (nvcc, minutes for CUTLASS MoE) happen once, before other workers start."""
+        """Run every backend expected to work here once on the first problem's smallest M, so their
+        JIT builds (nvcc, minutes for CUTLASS MoE) happen once, before other workers start. One its
+        declarations expect to fail (a crash on SM120, say) is launched only in its own trial: a
+        process death here would take the run's first worker, not one trial."""
         if on_cpu or not problems:
             return
         import torch
@@ -93,7 +93,7 @@ class BackendFamily:
         p = problems[0]
         inputs = self.make_inputs(p, LAYER, min(p.batch_sizes), routings=1)
         for a in self.availability(device):
-            if a.ok:
+            if a.ok and not a.expected:
                 try:
                     self.run({"backend": a.backend.name, "tactic": -1}, inputs, 0)
                     torch.cuda.synchronize()

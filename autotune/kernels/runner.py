@@ -101,3 +101,52 @@ def exact_tactic(tactic):
     for w in seen:
         if FELL_BACK in str(w.message):
             raise TacticNotRun(f"FlashInfer ran tactic -1 in place of {tactic}: {w.message}")
+
+
+@contextlib.contextmanager
+def flashinfer_pin(entries: list, expected: list):
+    """Run a launch inside with FlashInfer's cache pinning `entries` (the file the tuned folder ships,
+    loaded with AutoTuner.load_configs as SGLang loads ours): the tactic is measured as the server
+    will run it. `expected`: the tactics FlashInfer's choose_one must hand out inside, in call order;
+    another answer (the entry's key is not the key of SGLang's call, so FlashInfer ran its default)
+    raises TacticNotRun, so a tactic is never credited with the default's time."""
+    import os
+    import tempfile
+
+    from flashinfer.autotuner import AutoTuner, _collect_metadata
+
+    from ..export.flashinfer import metadata_for, write_cache
+
+    tuner = AutoTuner.get()
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="autotune_pin_")
+    os.close(fd)
+    try:
+        os.unlink(path)
+        write_cache(path, entries, metadata_for({}, wildcard=list(_collect_metadata())))
+        tuner.load_configs(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    handed: list = []
+    choose_one = tuner.choose_one
+
+    def observed(*args, **kwargs):
+        runner, tactic = choose_one(*args, **kwargs)
+        handed.append(tactic)
+        return runner, tactic
+    tuner.choose_one = observed
+    try:
+        yield
+    finally:
+        del tuner.choose_one            # the class's own method again
+    if [_plain(t) for t in handed] != [_plain(t) for t in expected]:
+        raise TacticNotRun(f"FlashInfer ran tactic(s) {handed} in place of {expected}: the pinned cache key "
+                           "is not the key of SGLang's call")
+
+
+def _plain(tactic):
+    """A tactic in JSON form (tuples as lists), for comparing what FlashInfer handed out."""
+    import json
+
+    from flashinfer.autotuner import _tactic_to_json
+    return json.loads(json.dumps(_tactic_to_json(tactic)))

@@ -146,7 +146,7 @@ def sglang_default_config(problem: Problem, M: int, device: DeviceInfo) -> dict:
         with sglang_view(device) as mod:
             return dict(mod.get_default_config(M, problem.E, problem.N, problem.K, problem.top_k,
                                                problem.sglang_dtype, False, _block_shape(problem)))
-    return _remembered(("default", _problem_key(problem), M, _device_key(device)), ask, _is_config)
+    return remembered(("default", _problem_key(problem), M, _device_key(device)), ask, _is_config)
 
 
 def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: str | None = None):
@@ -165,7 +165,7 @@ def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: s
         # SGLang runs the down GEMM with `down_config or config`; TMA only from a `_down` file.
         down = dict(down) if down else {k: v for k, v in up.items() if k != "USE_TMA"}
         return [up, down, found]
-    up, down, found = _remembered(("selection", _problem_key(problem), M, _device_key(device),
+    up, down, found = remembered(("selection", _problem_key(problem), M, _device_key(device),
                                    os.path.realpath(folder), _folder_signature(folder, device)), ask,
                                   lambda a: isinstance(a, list) and len(a) == 3 and _is_config(a[0])
                                   and _is_config(a[1]) and isinstance(a[2], bool))
@@ -177,7 +177,7 @@ def sglang_file_name(problem: Problem, device: DeviceInfo, down: bool = False) -
         with sglang_view(device) as mod:
             return mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype, _block_shape(problem),
                                             down_moe=down)
-    return _remembered(("file_name", _problem_key(problem), down, _device_key(device)), ask,
+    return remembered(("file_name", _problem_key(problem), down, _device_key(device)), ask,
                        lambda a: isinstance(a, str) and a.endswith(".json"))
 
 
@@ -248,7 +248,7 @@ def _sglang_identity() -> list | None:
 _memo: dict | None = None
 
 
-def _remembered(question: tuple, ask, valid):
+def remembered(question: tuple, ask, valid):
     """SGLang's answer to `question`, from the memo or by asking it (then remembered). A remembered
     answer that is not `valid` (a memo edited or damaged by hand) is asked again and replaced."""
     global _memo

@@ -152,13 +152,14 @@ class MoeSides:
     def check_sides(self, up_w, down_w, x, ids, w) -> dict:
         """Every side's layer against the float32 reference of the same layer (the moe_* families'
         reference): a config that computes wrong numbers fails here. Returns side -> relative error."""
-        from ..kernels.moe_backends import MoeBf16, MoeFp8, MoeLayerInputs
+        from ..kernels.moe_backends import MoeBf16, MoeFp8
+        from ..kernels.moe_checkpoint import reference
         from ..kernels.triton_moe import TOLERANCE
         from ..measure import check_output
 
         M = x.shape[0]
-        ref_fam = MoeBf16() if self.problem.dtype == "bf16" else MoeFp8()
-        ref = ref_fam.reference(MoeLayerInputs(self.problem, M, [x], [ids], [w], up_w[0], down_w[0], up_w[2], down_w[2]))
+        ref_fam = MoeBf16 if self.problem.dtype == "bf16" else MoeFp8
+        ref = reference(x, ids, w, up_w[2], down_w[2], self.problem.N)
         tol = TOLERANCE["fp32"] if self.on_cpu else ref_fam.tol
         out = {}
         for side in SIDES:

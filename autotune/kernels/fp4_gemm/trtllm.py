@@ -1,5 +1,6 @@
-"""FlashInfer's mm_fp4 on TensorRT-LLM kernels, --fp4-gemm-backend flashinfer_trtllm (SM100)."""
-from . import MmFp4
+"""FlashInfer's mm_fp4 on TensorRT-LLM kernels through SGLang's NVFP4 linear, --fp4-gemm-backend
+flashinfer_trtllm (SM100; SGLang's processing makes its shuffled weights)."""
+from . import SglangFp4Linear
 
-RUNNER = MmFp4("fp4_gemm", "trtllm", "flashinfer_trtllm", "flashinfer.mm_fp4(backend='trtllm')", ("mm_fp4", "trtllm"),
-               not_implemented="needs shuffled 8x4 weights", backend="trtllm")
+RUNNER = SglangFp4Linear("fp4_gemm", "trtllm", "flashinfer_trtllm", "flashinfer.mm_fp4(backend='trtllm')",
+                         ("mm_fp4", "trtllm"), backend="trtllm")

@@ -1,22 +1,22 @@
-"""MoE runner backends: the whole routed-expert layer (gate_up GEMM, SwiGLU, down GEMM, weighted
-sum over top-k), compared across the runners SGLang can select with --moe-runner-backend. Three
-families (bf16, block-FP8, NVFP4 experts) share the inputs and the reference here; one module per
-backend beside this one declares its runner for each family it serves (autotune.kernels.runner).
+"""MoE runner backends: the whole routed-expert layer, compared across the runners SGLang selects
+with --moe-runner-backend. Three families (bf16, block-FP8, NVFP4 experts) share the inputs and the
+reference here; one module per backend beside this one declares its runner for each family it
+serves (autotune.kernels.runner).
 
-Canonical weights are SGLang's: w13 [E, 2N, K] with the gate rows first, w2 [E, K, N]. FlashInfer's
-CUTLASS MoE takes fc1 as [up; gate] (its SwiGLU convention), so that backend gets the halves
-swapped, once. The reference is the float32 layer from the weights as the kernels see them
-(dequantized for FP8 / NVFP4); NVFP4 backends also quantize the activations inside, which the
-tolerance absorbs (a broken runner lands at ~100% error, a working NVFP4 one at ~10%).
+Every runner SGLang can select is launched through SGLang's own layer (autotune.kernels.sglang_layer:
+Qwen3.5's TopK + FusedMoE block with the experts' quant method, loaded from checkpoint-format
+shards, processed by SGLang into that backend's layouts); a runner's module holds its flag value
+and what is known about where it runs, no layout code. The inputs are the checkpoint's experts
+(autotune.kernels.moe_checkpoint), activations and router logits per routing set; the reference
+is the float32 layer of the dequantized experts with the routing SGLang's router computes from
+the same logits.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..backend_family import BackendFamily
-from ..triton_moe import TritonMoe, random_routing
-
-FP4_MAX, FP8_MAX = 6.0, 448.0
+from ..runner import Runner
 
 
 @dataclass
@@ -24,13 +24,11 @@ class MoeLayerInputs:
     problem: object
     M: int
     x: list                 # bf16 [M, K] per routing set
-    topk_ids: list          # int32 [M, top_k]
+    router_logits: list     # bf16 [M, E] per routing set (the router's output)
+    topk_ids: list          # int32 [M, top_k]: the routing the logits give (the reference's)
     topk_weights: list      # float32 [M, top_k]
-    w13: object             # as stored (bf16 / fp8 / packed fp4)
-    w2: object
-    dequant13: object       # expert -> float32 [2N, K]
-    dequant2: object        # expert -> float32 [K, N]
-    scales: dict = field(default_factory=dict)
+    shards: object          # moe_checkpoint.ExpertShards
+    blocks: dict            # runner name -> its built SGLang block, shared by every M of the problem
     triton_config_dir: str | None = None   # where SGLang's Triton runner finds configs (a tuned folder)
     C: object = None
     cache: dict = field(default_factory=dict)
@@ -44,7 +42,9 @@ class _MoeLayerFamily(BackendFamily):
         super().__init__(skip)
         # Where the Triton runner's configs come from: a tuned folder, or SGLang's own files.
         self.triton_config_dir = triton_config_dir
-        self._triton = TritonMoe()
+        self._problem = None      # (problem key, seed) whose shards and blocks are kept
+        self._shards = None
+        self._blocks: dict = {}
 
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         return self.tol
@@ -54,49 +54,36 @@ class _MoeLayerFamily(BackendFamily):
             return f"{self.name} serves {self.dtype} experts, not {problem.dtype}"
         return super().unsupported_reason(problem, device)
 
+    def sglang_auto(self, device) -> str | None:
+        from ... import backends as table
+        return table.sglang_auto(self.name, device)
+
     # -- inputs -----------------------------------------------------------------------------------
-    def _weights(self, problem, seed: int):
-        """(w13, w2, dequant13, dequant2, scales) for this family's storage format."""
-        import torch
-
-        up = self._triton._weights(problem, "gate_up", seed, "cuda", torch.bfloat16)
-        down = self._triton._weights(problem, "down", seed, "cuda", torch.bfloat16)
-        return up[0], down[0], up[2], down[2], {"w13": up[1], "w2": down[1]}
-
     def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
         import torch
 
-        w13, w2, d13, d2, scales = self._weights(problem, seed)
+        from ..moe_checkpoint import make_shards, renormalized_topk
+
+        if self._problem != (problem.key, seed):      # one problem's experts at a time
+            self._shards, self._blocks = None, {}
+            self._shards = make_shards(problem, seed)
+            self._problem = (problem.key, seed)
         g = torch.Generator(device="cuda").manual_seed(seed * 7919 + M)
-        ids, wts = random_routing(g, M, problem.E, problem.top_k, skew, routings)
+        # Router logits as the bf16 gate produces them; `skew` > 0 adds a per-expert bias of that
+        # many standard deviations (hot experts). The reference routes them as SGLang's router does.
+        bias = torch.randn(problem.E, generator=g, device="cuda") * skew
+        logits = [(torch.randn(M, problem.E, generator=g, device="cuda") + bias).to(torch.bfloat16)
+                  for _ in range(routings)]
+        ids, wts = zip(*(renormalized_topk(lg, problem.top_k) for lg in logits))
         xs = [torch.randn(M, problem.K, generator=g, device="cuda").to(torch.bfloat16) for _ in range(routings)]
-        return MoeLayerInputs(problem, M, xs, ids, wts, w13, w2, d13, d2, scales, self.triton_config_dir)
+        return MoeLayerInputs(problem, M, xs, logits, list(ids), list(wts), self._shards, self._blocks,
+                              self.triton_config_dir)
 
     def reference(self, inputs: MoeLayerInputs, config=None):
-        """out[m] = sum_t w[m,t] * (silu(x W_gate^T) * (x W_up^T)) W_down^T over the chosen experts."""
-        import torch
+        from ..moe_checkpoint import reference
 
-        p = inputs.problem
-        x = inputs.x[0].float()
-        ids = inputs.topk_ids[0].long()
-        out = torch.zeros((inputs.M, p.K), dtype=torch.float32, device=x.device)
-        for e in torch.unique(ids).tolist():
-            m, t = (ids == e).nonzero(as_tuple=True)
-            h = x[m] @ inputs.dequant13(e).T
-            act = torch.nn.functional.silu(h[:, : p.N]) * h[:, p.N:]
-            out.index_add_(0, m, (act @ inputs.dequant2(e).T) * inputs.topk_weights[0][m, t, None])
-        return out
-
-
-_DEVICE = []
-
-
-def _device():
-    """This worker's GPU (SGLang's loader answers per device name)."""
-    if not _DEVICE:
-        from ...device import detect
-        _DEVICE.append(detect())
-    return _DEVICE[0]
+        s = inputs.shards
+        return reference(inputs.x[0], inputs.topk_ids[0], inputs.topk_weights[0], s.dequant13, s.dequant2, s.N)
 
 
 class MoeBf16(_MoeLayerFamily):
@@ -115,60 +102,42 @@ class MoeFp8(_MoeLayerFamily):
 
 
 class MoeFp4(_MoeLayerFamily):
-    """NVFP4 experts (Qwen3.5 NVFP4 checkpoints): e2m1 weights, e4m3 scales per 16, a global scale
-    per expert; quantized with FlashInfer's own fp4_quantize, dequantized by autotune.nvfp4 for
-    the reference."""
+    """NVFP4 experts (Qwen3.5 NVFP4 checkpoints, ModelOpt format). Runners that quantize the
+    activations (W4A4) land at ~10% from the unquantized reference, W4A16 ones (marlin) far below;
+    a broken runner at ~100%."""
 
     name = "moe_fp4"
     dtype = "nvfp4"
     tol = 0.3
 
-    def _weights(self, problem, seed: int):
-        import torch
 
-        from ... import nvfp4
+@dataclass(frozen=True)
+class SglangMoe(Runner):
+    """A --moe-runner-backend value, launched through SGLang's own MoE block. The block is built
+    (and SGLang's refusals raised) on the first launch of a problem and kept for its other Ms."""
 
-        key = (problem.key, seed)
-        cache = self.__dict__.setdefault("_fp4_cache", {})
-        if key not in cache:
-            cache.clear()
-            bf16 = replace(problem, dtype="bf16")
-            w13 = self._triton._weights(bf16, "gate_up", seed, "cuda", torch.bfloat16)[0]
-            w2 = self._triton._weights(bf16, "down", seed, "cuda", torch.bfloat16)[0]
-            q13, sf13, gs13 = _fp4_per_expert(w13)
-            q2, sf2, gs2 = _fp4_per_expert(w2)
-            # FlashInfer's CUTLASS MoE wants fc1 as [up; gate]: quantized from the swapped weights
-            # (swapping swizzled scale rows would break for N not a multiple of 128).
-            up_gate = _fp4_per_expert(torch.cat([w13[:, problem.N:], w13[:, :problem.N]], dim=1), gs13)
-            n2, k = 2 * problem.N, problem.K
-            cache[key] = (q13, q2,
-                          lambda e: nvfp4.dequantize(q13[e], sf13[e], gs13[e], n2, k),
-                          lambda e: nvfp4.dequantize(q2[e], sf2[e], gs2[e], k, problem.N),
-                          {"fc1": up_gate[0], "sf1": up_gate[1], "gs13": gs13, "sf2": sf2, "gs2": gs2})
-        return cache[key]
+    def block(self, inputs: MoeLayerInputs):
+        from ..sglang_layer import MoeBlock, Refused, refusals
 
+        if self.name not in inputs.blocks:
+            with refusals(f"SGLang's {self.sglang_value} MoE runner"):
+                block = MoeBlock(inputs.problem, self.sglang_value, device=inputs.shards.device).load(inputs.shards)
+            if block.runner_backend != self.sglang_value:
+                raise Refused(f"SGLang serves --moe-runner-backend {self.sglang_value} with "
+                              f"{block.runner_backend} for {inputs.problem.dtype} experts")
+            inputs.blocks[self.name] = block
+        return inputs.blocks[self.name]
 
-def _fp4_per_expert(w, global_scales=None):
-    """FlashInfer's fp4_quantize per expert with the per-expert global scale 448 * 6 / amax."""
-    import torch
-    from flashinfer import fp4_quantize
+    def run(self, inputs: MoeLayerInputs, routing: int, tactic=-1):
+        from ..sglang_layer import refusals, use_triton_configs
 
-    gs = global_scales if global_scales is not None else \
-        (FP8_MAX * FP4_MAX) / w.float().abs().amax(dim=(1, 2)).clamp(min=1e-12)
-    qs, sfs = zip(*(fp4_quantize(w[e], gs[e]) for e in range(w.shape[0])))
-    return torch.stack(qs), torch.stack(sfs), gs
+        use_triton_configs(inputs.triton_config_dir)
+        block = self.block(inputs)
+        with refusals(f"SGLang's {self.sglang_value} MoE runner"), self.pinned(inputs, tactic):
+            inputs.C = block(inputs.x[routing], inputs.router_logits[routing])
+        return inputs.C
 
-
-def fc1_up_gate(inputs: MoeLayerInputs, w, rows_per_half: int):
-    """fc1 in FlashInfer's [up; gate] order (cached: weights are shared by all M)."""
-    import torch
-
-    key = ("fc1", id(w))
-    if key not in inputs.cache:
-        inputs.cache[key] = torch.cat([w[:, rows_per_half:], w[:, :rows_per_half]], dim=1).contiguous()
-    return inputs.cache[key]
-
-
-def set_output(inputs: MoeLayerInputs, out):
-    inputs.C = out[0] if isinstance(out, (list, tuple)) else out
-    return inputs.C
+    def pinned(self, inputs, tactic):
+        """Where the tactic goes (runners with tactics: FlashInfer's cache, as the server reads it)."""
+        import contextlib
+        return contextlib.nullcontext()

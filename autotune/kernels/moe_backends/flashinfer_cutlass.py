@@ -1,14 +1,18 @@
-"""FlashInfer's CUTLASS fused MoE (flashinfer.fused_moe.cutlass_fused_moe) for bf16, block-FP8 and
-NVFP4 experts. Its tactics are a pair: a CUTLASS profile for gemm1 and one for gemm2, which
-FlashInfer's AutoTuner tunes as two ops ("trtllm::fused_moe::gemm1" / "gemm2") and the public call
-pins with `profile_ids=[gemm1, gemm2]`. They are listed from the MoERunner object cutlass_fused_moe
-itself builds, one axis at a time ([g1, -1] and [-1, g2]: -1 is that GEMM's default); the search
-core then measures the pair of each axis's best (Runner.tactic_axes)."""
+"""FlashInfer's CUTLASS fused MoE, --moe-runner-backend flashinfer_cutlass, through SGLang's MoE
+block for bf16, block-FP8 and NVFP4 experts (SGLang's own flashinfer_cutlass runner calls
+flashinfer.fused_moe.cutlass_fused_moe with the layouts its quant method made).
+
+Its tactics are a pair: a CUTLASS profile for gemm1 and one for gemm2, which FlashInfer's AutoTuner
+tunes as two ops ("trtllm::fused_moe::gemm1" / "gemm2"). They are listed from the MoERunner object
+cutlass_fused_moe builds for SGLang's call, one axis at a time ([g1, -1] and [-1, g2]: -1 is that
+GEMM's default); the search core then measures the pair of each axis's best (Runner.tactic_axes).
+A tactic is launched pinned through FlashInfer's cache, the file the tuned folder ships, and the
+launch checks that FlashInfer handed it out (runner.flashinfer_pin)."""
 from dataclasses import dataclass
 
 from ...backends import HOPPER_AND_UP
-from ..runner import Runner
-from . import MoeLayerInputs, fc1_up_gate, set_output
+from ..runner import flashinfer_pin
+from . import MoeLayerInputs, SglangMoe
 
 GEMM_OPS = ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2")
 
@@ -23,21 +27,28 @@ def sglang_fused_finalize() -> bool:
 
 
 @dataclass(frozen=True)
-class CutlassMoe(Runner):
+class CutlassMoe(SglangMoe):
     deepseek_fp8: bool = False          # use_deepseek_fp8_block_scale
 
-    def _operands(self, inputs: MoeLayerInputs, routing: int) -> tuple:
-        """(x, fc1 weights, fc2 weights, quant_scales, extra keyword arguments) of the call."""
-        raise NotImplementedError
+    def _operands(self, inputs: MoeLayerInputs) -> list:
+        """choose_one's inputs [input, fc1, fc1 bias, fc2, fc2 bias] as SGLang's call passes them:
+        the block's processed expert weights (NVFP4 ones as int64, 16 e2m1 per element)."""
+        import torch
+
+        experts = self.block(inputs).experts
+        fc1, fc2 = experts.w13_weight, experts.w2_weight
+        if fc1.dtype == torch.uint8:
+            fc1, fc2 = fc1.view(torch.long), fc2.contiguous().view(torch.long)
+        return [inputs.x[0], fc1, None, fc2, None]
 
     def _moe_runner(self, inputs: MoeLayerInputs):
         """The MoERunner cutlass_fused_moe builds for this call."""
         import torch
 
         def make():
-            x, fc1, _, _, _ = self._operands(inputs, 0)
+            x, fc1 = self._operands(inputs)[:2]
             major, minor = torch.cuda.get_device_capability(x.device)
-            return self.flashinfer_moe_runner(major * 10 + minor, x.dtype, fc1.dtype, inputs.topk_ids[0].size(1))
+            return self.flashinfer_moe_runner(major * 10 + minor, x.dtype, fc1.dtype, inputs.problem.top_k)
         return self.kept(inputs, "moe_runner", make)
 
     def flashinfer_moe_runner(self, sm: int, x_dtype, weight_dtype, top_k: int, tp_size: int = 1, ep_size: int = 1):
@@ -57,8 +68,7 @@ class CutlassMoe(Runner):
             use_fused_finalize=sglang_fused_finalize(), use_wfp4afp8_humming=False)
 
     def tactics(self, inputs: MoeLayerInputs) -> list:
-        x, fc1, fc2, _, _ = self._operands(inputs, 0)
-        runner, ops = self._moe_runner(inputs), [x, fc1, None, fc2, None]
+        runner, ops = self._moe_runner(inputs), self._operands(inputs)
         out: list = [-1]
         for axis in (0, 1):
             runner.gemm_idx_for_tuning = axis + 1       # what cutlass_fused_moe sets before each choose_one
@@ -81,20 +91,28 @@ class CutlassMoe(Runner):
         in its key (get_cache_key_extras), with the dtypes, top-k and activation. A part left at -1
         is pinned at -1 too, so start-up tuning does not pick an unchecked profile for it. None for
         a variant SGLang cannot select (its key would never be asked for) or M not a bucket."""
+        if tactic == -1 or self.sglang_value is None:
+            return []
+        from ...export.flashinfer import tuning_config_for
+
+        if tuning_config_for(GEMM_OPS[0], tune_max_num_tokens=8192).dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
+            return []
+        sizes = sorted({(tp // ep, ep) for _, tp, ep, *_ in problem.sources} or {(1, 1)})
+        return self._entries(problem, M, tactic, sizes)
+
+    def _entries(self, problem, M: int, tactic, sizes) -> list:
+        """The gemm1 and gemm2 entries of `tactic` for M's bucket, one pair per (moe TP, moe EP)."""
         import torch
 
         from ...export.flashinfer import CacheEntry, tuning_config_for
 
-        if tactic == -1 or self.sglang_value is None:
-            return []
         # SGLang passes tune_max_num_tokens = min(prefill tokens x attention DP, 8192): 8192 by default.
         cfg = tuning_config_for(GEMM_OPS[0], tune_max_num_tokens=8192)
-        if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
-            return []
         shapes, x_dtype, w_dtype = self._key_operands(problem, M)
         major, minor = torch.cuda.get_device_capability()        # the GPU the run measured on
+        tactic = [-1, -1] if tactic == -1 else tactic
         out = []
-        for moe_tp, moe_ep in sorted({(tp // ep, ep) for _, tp, ep, *_ in problem.sources} or {(1, 1)}):
+        for moe_tp, moe_ep in sizes:
             runner = self.flashinfer_moe_runner(major * 10 + minor, x_dtype, w_dtype, problem.top_k, moe_tp, moe_ep)
             extras = runner.get_cache_key_extras(None)
             out += [CacheEntry.from_call(op, type(runner).__name__, shapes, cfg, int(t), extras)
@@ -109,58 +127,23 @@ class CutlassMoe(Runner):
         axis = 0 if tactic[0] != -1 else 1
         return [(f"{GEMM_OPS[axis]}::MoERunner", tactic[axis])]
 
-    def run(self, inputs: MoeLayerInputs, routing: int, tactic=-1):
-        import torch
-        from flashinfer.fused_moe import cutlass_fused_moe
-
-        x, fc1, fc2, scales, extra = self._operands(inputs, routing)
-        extra = {**extra, "use_fused_finalize": sglang_fused_finalize()}     # as SGLang calls it
-        if tactic != -1:
-            extra = {**extra, "profile_ids": [int(t) for t in tactic]}
-        out = cutlass_fused_moe(x, inputs.topk_ids[routing], inputs.topk_weights[routing], fc1, fc2,
-                                torch.bfloat16, quant_scales=scales, **extra)
-        return set_output(inputs, extra.get("output", out))
+    def pinned(self, inputs: MoeLayerInputs, tactic):
+        """Every launch pinned, -1 too (an earlier tactic's entry must not stay served): the layer is
+        one rank at TP = EP = 1, so its call's key is the (1, 1) entry."""
+        tactic = [-1, -1] if tactic == -1 else [int(t) for t in tactic]
+        return flashinfer_pin(self._entries(inputs.problem, inputs.M, tactic, [(1, 1)]), tactic)
 
 
 @dataclass(frozen=True)
 class CutlassMoeBf16(CutlassMoe):
-    def _operands(self, inputs, routing):
-        return inputs.x[routing], fc1_up_gate(inputs, inputs.w13, inputs.problem.N), inputs.w2, [], {}
-
     def _key_operands(self, p, M):
         import torch
         return [(M, p.K), (p.E, 2 * p.N, p.K), (0,), (p.E, p.K, p.N), (0,)], torch.bfloat16, torch.bfloat16
 
 
 @dataclass(frozen=True)
-class CutlassMoeFp8(CutlassMoe):
-    """Block [128, 128] FP8 experts with DeepSeek-style block scales; activations quantized per
-    token group of 128 inside."""
-
-    def _operands(self, inputs, routing):
-        p = inputs.problem
-        fc1 = fc1_up_gate(inputs, inputs.w13, p.N)
-        s1 = fc1_up_gate(inputs, inputs.scales["w13"], -(-p.N // p.block_shape[0]))
-        return inputs.x[routing], fc1, inputs.w2, [s1, inputs.scales["w2"]], {"use_deepseek_fp8_block_scale": True}
-
-
-@dataclass(frozen=True)
 class CutlassMoeFp4(CutlassMoe):
-    """As FlashInfer's tests drive it: bf16 activations (quantized inside with global scale 1),
-    fc1 in [up; gate] order, 6 quant scales."""
-
-    def _operands(self, inputs, routing):
-        import torch
-
-        p, s, x = inputs.problem, inputs.scales, inputs.x[routing]
-        one = torch.ones((), dtype=torch.float32, device=x.device)
-        scales = [one, s["sf1"].view(torch.int32), 1.0 / (one * s["gs13"]), one, s["sf2"].view(torch.int32),
-                  1.0 / (one * s["gs2"])]
-        key = ("out", routing)
-        if key not in inputs.cache:
-            inputs.cache[key] = torch.empty((inputs.M, p.K), dtype=torch.bfloat16, device=x.device)
-        return (x, s["fc1"].view(torch.long), inputs.w2.contiguous().view(torch.long), scales,
-                {"output": inputs.cache[key]})
+    """NVFP4 experts (ModelOpt): SGLang's call passes bf16 activations, quantized inside."""
 
     def _key_operands(self, p, M):
         """bf16 activations (SGLang quantizes them first only for its DP all-gather path, not keyed
@@ -173,10 +156,10 @@ class CutlassMoeFp4(CutlassMoe):
 RUNNERS = (
     CutlassMoeFp4("moe_fp4", "flashinfer_cutlass", "flashinfer_cutlass", "flashinfer.cutlass_fused_moe (nvfp4)",
                   sms=frozenset({100, 103, 110, 120, 121}), tunable=True, tactic_axes=2),
-    # FlashInfer's block-scale FP8 CUTLASS MoE exists for SM90 only; SGLang's Fp8MoEMethod has no
-    # flashinfer_cutlass path (it falls back to triton), so it is measured for reference.
-    CutlassMoeFp8("moe_fp8", "flashinfer_cutlass", None, "flashinfer.cutlass_fused_moe (fp8 block, deepseek scales)",
-                  sms=frozenset({90}), tunable=True, tactic_axes=2, deepseek_fp8=True),
+    # SGLang 0.5.23's Fp8MoEMethod serves this flag with its triton runner (the launch says so, as
+    # a refusal); FlashInfer's block-FP8 CUTLASS MoE is SM90-only and SGLang does not call it.
+    SglangMoe("moe_fp8", "flashinfer_cutlass", "flashinfer_cutlass", "SGLang's FusedMoE, flashinfer_cutlass runner",
+              sms=frozenset({90})),
     CutlassMoeBf16("moe_bf16", "flashinfer_cutlass", "flashinfer_cutlass", "flashinfer.cutlass_fused_moe (bf16)",
                    sms=frozenset({89}) | HOPPER_AND_UP, tunable=True, tactic_axes=2),
 )

@@ -1,0 +1,111 @@
+"""SGLang's own layers built outside a server, on the CPU, told which GPU they are on
+(autotune.kernels.sglang_layer): each backend's layout is SGLang's, made from our checkpoint
+shards, and holds the weights the reference computes with; SGLang's refusals are its own."""
+import dataclasses
+
+import pytest
+import torch
+
+from autotune import nvfp4, records
+from autotune.kernels import sglang_layer as L
+from autotune.kernels.moe_checkpoint import make_shards
+from autotune.measurer import classify
+from autotune.models import Problem
+
+NVFP4 = Problem(E=4, N=128, K=256, top_k=2, dtype="nvfp4")
+
+
+@pytest.fixture(scope="module")
+def shards():
+    return make_shards(NVFP4, seed=3, device="cpu")
+
+
+def block(problem, backend, shards, sm):
+    with L.platform_view(sm):
+        return L.MoeBlock(problem, backend, device="cpu").load(shards)
+
+
+def test_cutlass_layout_on_sm120_holds_the_reference_weights(shards):
+    """SGLang's flashinfer_cutlass processing (w13 as [up; gate], block scales swizzled 128x4,
+    the global scale folded into g1/g2 alphas) decodes to exactly the experts our reference uses."""
+    ex = block(NVFP4, "flashinfer_cutlass", shards, 120).experts
+    N, K = NVFP4.N, NVFP4.K
+    for e in range(NVFP4.E):
+        scale_2 = ex.g1_alphas[e] * ex.w13_input_scale_quant          # alpha = input_scale * weight_scale_2
+        w13 = nvfp4.dequantize(ex.w13_weight[e], ex.w13_blockscale_swizzled[e], 1.0 / scale_2, 2 * N, K)
+        ref = shards.dequant13(e)
+        # up first, as FlashInfer's SwiGLU takes it (the alphas round the global scale by an ulp)
+        close = dict(rtol=1e-6, atol=0)
+        torch.testing.assert_close(w13[:N], ref[N:], **close)
+        torch.testing.assert_close(w13[N:], ref[:N], **close)
+        scale_2 = ex.g2_alphas[e] * ex.w2_input_scale_quant
+        torch.testing.assert_close(nvfp4.dequantize(ex.w2_weight[e], ex.w2_blockscale_swizzled[e], 1.0 / scale_2, K, N),
+                                   shards.dequant2(e), **close)
+
+
+def test_cutedsl_layout_on_sm120_is_sglangs_interleave_of_our_shards(shards):
+    """SGLang's CuTe DSL path interleaves up and gate in 64-row chunks: the rows are ours."""
+    ex = block(NVFP4, "flashinfer_cutedsl", shards, 120).experts
+    up = shards.tensors["w3"]["weight"].reshape(NVFP4.E, -1, 64, NVFP4.K // 2)
+    gate = shards.tensors["w1"]["weight"].reshape(NVFP4.E, -1, 64, NVFP4.K // 2)
+    assert torch.equal(ex.w13_weight.data, torch.stack([up, gate], dim=2).reshape(NVFP4.E, 2 * NVFP4.N, -1))
+    assert tuple(ex.w13_blockscale_mma.shape)[0] > 0         # MMA-layout scales: SGLang made them
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_w8a8_block"])
+def test_bf16_and_fp8_experts_load_gate_first_as_the_triton_runner_reads_them(dtype):
+    p = dataclasses.replace(NVFP4, dtype=dtype)
+    sh = make_shards(p, seed=1, device="cpu")
+    ex = block(p, "triton", sh, 90).experts
+    assert torch.equal(ex.w13_weight.data[:, :p.N], sh.tensors["w1"]["weight"])
+    assert torch.equal(ex.w13_weight.data[:, p.N:], sh.tensors["w3"]["weight"])
+    if dtype == "fp8_w8a8_block":
+        assert torch.equal(ex.w13_weight_scale_inv.data[:, :1], sh.tensors["w1"]["weight_scale_inv"])
+
+
+def test_sglangs_refusals_are_recorded_as_its_own(shards):
+    """On SM90 SGLang's NVFP4 MoE method refuses every FlashInfer runner at construction, and its
+    NVFP4 linear every native GEMM at processing: status `refused`, SGLang's sentence as evidence."""
+    for backend in ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl"):
+        with pytest.raises(L.Refused, match="Current platform does not support NVFP4") as e:
+            with L.refusals("SGLang"):
+                block(NVFP4, backend, shards, 90)
+        assert classify(e.value) == (records.REFUSED, False)
+    with pytest.raises(L.Refused, match="cutlass is not supported for NVFP4 MoE"):
+        with L.refusals("SGLang"):
+            block(NVFP4, "cutlass", shards, 120)
+    with pytest.raises(L.Refused, match="require SM100"):
+        with L.refusals("SGLang"), L.platform_view(90):
+            L.Fp4Linear(256, 256, "flashinfer_cutlass", device="cpu").load(_linear_weight(256, 256))
+    with pytest.raises(RuntimeError) as e:           # a kernel's error is not a refusal
+        with L.refusals("SGLang"):
+            raise RuntimeError("CUDA error: an illegal instruction was encountered")
+    assert not isinstance(e.value, L.Refused)
+
+
+def test_a_flag_sglang_serves_with_another_runner_is_refused_by_the_runner(shards):
+    """SGLang 0.5.23's Fp8MoEMethod answers --moe-runner-backend flashinfer_cutlass with triton: the
+    run must not time triton under flashinfer_cutlass's name."""
+    from autotune.kernels.moe_backends import MoeLayerInputs
+    from autotune.kernels.moe_backends.flashinfer_cutlass import RUNNERS
+
+    p = dataclasses.replace(NVFP4, dtype="fp8_w8a8_block")
+    fp8 = next(r for r in RUNNERS if r.family == "moe_fp8")
+    inputs = MoeLayerInputs(p, 1, [], [], [], [], make_shards(p, device="cpu"), {})
+    with L.platform_view(90), pytest.raises(L.Refused, match="serves --moe-runner-backend flashinfer_cutlass with triton"):
+        fp8.block(inputs)
+
+
+def _linear_weight(N, K):
+    w = torch.randn(N, K) / K ** 0.5
+    gs = nvfp4.global_scale(w)
+    q, sf = nvfp4.quantize(w, gs, swizzle=False)
+    return {"weight": q, "weight_scale": sf, "weight_scale_2": (1 / gs).reshape(()).float(),
+            "input_scale": torch.tensor(8 / 2688)}
+
+
+def test_fp4_gemm_auto_is_asked_of_sglang_for_each_gpu():
+    assert [L.resolved_fp4_gemm_backend(sm) for sm in (90, 100, 120)] == ["marlin", "flashinfer_cutedsl",
+                                                                           "flashinfer_cutlass"]
+    assert L.resolved_moe_backend(NVFP4, 120) == "flashinfer_cutlass"     # SGLang's server-argument stage
+    assert L.resolved_moe_backend(NVFP4, 90) == "marlin"                  # its quant method's own
