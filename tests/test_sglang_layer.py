@@ -2,6 +2,7 @@
 (autotune.kernels.sglang_layer): each backend's layout is SGLang's, made from our checkpoint
 shards, and holds the weights the reference computes with; SGLang's refusals are its own."""
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -109,3 +110,17 @@ def test_fp4_gemm_auto_is_asked_of_sglang_for_each_gpu():
                                                                            "flashinfer_cutlass"]
     assert L.resolved_moe_backend(NVFP4, 120) == "flashinfer_cutlass"     # SGLang's server-argument stage
     assert L.resolved_moe_backend(NVFP4, 90) == "marlin"                  # its quant method's own
+
+
+def test_the_triton_runner_reads_a_tuned_folder_only_where_there_is_one(tmp_path, monkeypatch):
+    """A backend-only run's --out holds no Triton configs yet: SGLang must keep its own folder (on the
+    H200 the run pointed it at the missing folder and every Triton launch failed)."""
+    monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
+    monkeypatch.setattr(L, "_CONFIG_DIR", [])
+    L.use_triton_configs(str(tmp_path / "NVIDIA_H200"))
+    assert "SGLANG_MOE_CONFIG_DIR" not in os.environ
+    (tmp_path / "NVIDIA_H200" / "configs").mkdir(parents=True)
+    L.use_triton_configs(str(tmp_path / "NVIDIA_H200"))
+    assert os.environ["SGLANG_MOE_CONFIG_DIR"] == str(tmp_path / "NVIDIA_H200")
+    L.use_triton_configs(None)
+    assert "SGLANG_MOE_CONFIG_DIR" not in os.environ

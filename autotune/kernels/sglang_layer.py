@@ -278,15 +278,17 @@ _CONFIG_DIR = []
 
 
 def use_triton_configs(config_dir: str | None) -> None:
-    """SGLang's Triton MoE runner reads its configs from `config_dir` (SGLANG_MOE_CONFIG_DIR, as a
-    server started with it) or, with None, from its own folder. Its loader caches what it read, so a
-    change of folder clears that cache."""
-    want = config_dir or ""
+    """SGLang's Triton MoE runner reads its configs from `config_dir` where that is a tuned folder
+    (it holds configs/: SGLANG_MOE_CONFIG_DIR, as a server started with it), else from SGLang's own
+    folder (a run that tunes no Triton configs has none in its --out; pointing SGLang at an empty
+    folder fails its loader: H200, 2026-12-03). Its loader caches what it read, so a change of
+    folder clears that cache."""
+    want = config_dir if config_dir and os.path.isdir(os.path.join(config_dir, "configs")) else ""
     if _CONFIG_DIR != [want]:
         from .sglang_loader import sglang_config_module
 
-        if config_dir:
-            os.environ["SGLANG_MOE_CONFIG_DIR"] = config_dir
+        if want:
+            os.environ["SGLANG_MOE_CONFIG_DIR"] = want
         else:
             os.environ.pop("SGLANG_MOE_CONFIG_DIR", None)
         sglang_config_module().get_moe_configs.cache_clear()
