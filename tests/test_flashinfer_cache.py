@@ -575,3 +575,24 @@ def test_sm120_b12x_tactics_are_listed_keyed_and_blocklisted_as_flashinfer_does(
     assert bl.load(str(path))
     kept = bl.filter(MM_FP4, fi, theirs)
     assert _json_to_tactic(bad) not in kept and len(kept) == len(theirs) - 1
+
+
+def test_a_tactic_is_measured_pinned_through_flashinfers_cache(runners, monkeypatch):
+    """How a tactic runs through SGLang's layer (runner.flashinfer_pin): the cache file holding it is
+    loaded as SGLang loads ours, and FlashInfer's choose_one, the call SGLang's path makes, hands
+    it out. A pin whose key is not the call's makes FlashInfer fall back to -1, and the launch fails
+    as TacticNotRun instead of crediting the tactic with the default's time."""
+    from autotune.kernels.runner import TacticNotRun, flashinfer_pin
+
+    tuner = fresh_tuner()
+    monkeypatch.setattr(AutoTuner, "get", staticmethod(lambda: tuner))
+    for op, runner, inputs, cfg, tactic in cases(runners)[4:6]:                 # cutlass_fused_moe gemm1, gemm2
+        with flashinfer_pin([entry(op, runner, inputs, cfg, tactic)], [tactic]):
+            assert tuner.choose_one(op, [runner], cfg, inputs)[1] == tactic
+        assert "choose_one" not in vars(tuner)                                  # FlashInfer's own method again
+    op, runner, inputs, cfg, tactic = cases(runners)[0]                          # mm_fp4, CUTLASS
+    elsewhere = CacheEntry.from_call(op, type(runner).__name__, [(4096, s[1]) if i == 0 else s
+                                                               for i, s in enumerate(sizes(inputs))], cfg, 7)
+    with pytest.raises(TacticNotRun, match=r"ran tactic\(s\) \[-1\] in place of \[7\]"):
+        with flashinfer_pin([elsewhere], [7]):
+            tuner.choose_one(op, [runner], cfg, inputs)
