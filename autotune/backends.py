@@ -196,9 +196,6 @@ def _is_this_gpu(device: DeviceInfo) -> bool:
     return major * 10 + minor == device.sm
 
 
-_DTYPES = {"moe_fp4": "nvfp4", "moe_fp8": "fp8_w8a8_block", "moe_bf16": "bf16"}
-
-
 def sglang_auto_value(family: str, sm: int | None) -> str | None:
     """The flag value SGLang's own code resolves `auto` to (sm None: this machine's GPU); None
     where SGLang is not installed."""
@@ -211,7 +208,8 @@ def sglang_auto_value(family: str, sm: int | None) -> str | None:
         if family == "fp4_gemm":
             return sglang_layer.resolved_fp4_gemm_backend(sm)
         from .models import Problem
-        return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=_DTYPES[family]), sm)
+        from .plan import MOE_DTYPE
+        return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=MOE_DTYPE[family]), sm)
     if sm is None:
         return ask()
     return remembered(("auto", family, sm), ask, lambda a: isinstance(a, str))

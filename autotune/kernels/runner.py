@@ -1,7 +1,8 @@
 """One backend of a kernel family, as FlashInfer's TunableRunner is one.
 
-A runner owns its rules: where it may run (compute capabilities, CUDA version, the packages it
-imports, FlashInfer's own requirement declaration, what the field showed despite it), the
+A runner owns its rules: what is known of where it runs (compute capabilities, CUDA version,
+FlashInfer's own requirement declaration, what the field showed despite it: predictions the run
+shows beside what the launch did, never a reason not to launch), the packages it imports, the
 SGLang server-argument value that selects it, its tactics for a problem and its launch. The family
 owns the problem's inputs, the float32 reference and the tolerance; the core (autotune.worker,
 study, choice) loops, times, checks and stores, and never knows a backend's rules.
@@ -37,7 +38,8 @@ class Runner:
     min_cuda: tuple | None = None     # (major, minor) of the CUDA runtime
     needs: tuple = ()                 # Python modules that must import
     tunable: bool = False             # has tactics beyond -1 to search
-    # (compute capabilities, evidence): what the field showed despite the declarations
+    # (compute capabilities, evidence): what the field showed despite the declarations; the outcome
+    # a run expects there (autotune.backends.expected_failure), and the tests' expected outcome
     known_failures: tuple = ()
     # why autotune cannot launch it yet (declared so it is listed and skipped with the reason)
     not_implemented: str | None = None
