@@ -194,7 +194,7 @@ def cmd_run(args) -> int:
         print(f"nothing drifted in {args.only_drifted}: every file fits this machine and SGLang "
               f"{', '.join(_targets(args))}; nothing to re-tune")
         return 0
-    sku_names(args, device)
+    skus = sku_names(args, device)
     _check_record_device(args.record, device)
     from .scope import scope
     for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache).lines:
@@ -202,7 +202,7 @@ def cmd_run(args) -> int:
     if args.dry_run:
         return 0
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name)
+    storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
     from .run_lock import run_lock
     from .study import DEFAULT_STORAGE
     with pool, run_lock(storage, args.storage or DEFAULT_STORAGE, run_name):
@@ -222,9 +222,6 @@ def cmd_run(args) -> int:
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
         if "triton_moe" in kernels:
             _print_shared(exp)
-        if not any(fp.problems for fp in plans):
-            raise UsageError("nothing to tune on this device: " + "; ".join(
-                f"{fp.name}: {fp.unsupported}" for fp in plans if fp.unsupported))
         from .study import Clock
         clock = Clock(pool)
         dev_name = run_name
@@ -237,6 +234,48 @@ def cmd_run(args) -> int:
             run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
     _write_summary(args, device)
     return 0
+
+
+SUMMARY_OURS = ("command", "device")
+
+
+def _outputs_then_storage(args, device, pool, plans, skus, run_name):
+    """In this order, so that a refusal changes nothing: something to tune, every output writable
+    by us, then the storage opened and claimed. The pool is closed on a refusal."""
+    try:
+        if not any(fp.problems for fp in plans):
+            raise UsageError("nothing to tune on this device: " + "; ".join(
+                f"{fp.name}: {fp.unsupported or 'no problems'}" for fp in plans))
+        _check_outputs(args, device, plans, skus)
+        return _storage(args, device, run_name)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+
+
+def _check_outputs(args, device, plans, skus=()) -> None:
+    """Every file the run will write, checked before anything is measured: a file there that
+    autotune did not write is refused (NotOurs, exit 2) unless --force; a folder that holds results
+    measured another way is refused."""
+    from .export import server_args
+    from .export.sglang import ExportError, export_targets
+    from .fsutil import claim, json_with
+
+    try:
+        for fp in plans:
+            if fp.name == "triton_moe" and fp.problems:
+                export_targets(args.out, device, fp.problems, skus)
+        if any(fp.name != "triton_moe" and fp.problems for fp in plans):
+            server_args.check_folder(args.out, device)
+            from .export.tactics import BLOCKLIST_FILE, CACHE_FILE
+            folder = Path(args.out) / device.file_name
+            claim(folder / BLOCKLIST_FILE, json_with("invalid_tactics"))
+            claim(folder / CACHE_FILE, json_with("_metadata"))
+    except (ExportError, server_args.ChoicesError) as e:
+        raise UsageError(str(e)) from None
+    if getattr(args, "json", None):
+        claim(args.json, json_with(*SUMMARY_OURS), "--json")
 
 
 def _no_bar(args) -> bool:
@@ -319,9 +358,9 @@ def _summary(args) -> dict:
 
 def _write_summary(args, device) -> None:
     if getattr(args, "json", None):
-        from .fsutil import write_json
+        from .fsutil import json_with, write_json
         write_json(args.json, {**_summary(args), "device": device.name, "replay": device.is_replay,
-                               "out": str(Path(args.out) / device.file_name)})
+                               "out": str(Path(args.out) / device.file_name)}, ours=json_with(*SUMMARY_OURS))
         print(f"wrote {args.json} (summary of the run)")
 
 
@@ -354,13 +393,13 @@ def cmd_worker(args) -> int:
     _warm_start(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name, shared=True)
-    settings = _triton_settings(args, budget)
-    clock = Clock(pool)
     with pool:
         fp = plans[0]
-        if not fp.problems:
+        if not fp.problems:          # before the storage is opened: nothing changes in it
             raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
+        storage = _storage(args, device, run_name, shared=True)
+        settings = _triton_settings(args, budget)
+        clock = Clock(pool)
         for p in fp.problems:
             with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
                       desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
@@ -383,9 +422,9 @@ def cmd_export(args) -> int:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
     _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
-    sku_names(args, device)
+    skus = sku_names(args, device)
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name)
+    storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
     settings = _triton_settings(args, None)
     clock = Clock(pool)
     with pool:
@@ -413,14 +452,15 @@ def cmd_record(args) -> int:
     from .worker import Task, run_tasks
 
     budget = _parse_duration(args.budget) if args.budget else None
-    device, pool, _, _, plans = _open_device(args)
-    if device.is_replay:
+    if args.replay:
         raise UsageError("record measures on a GPU; --replay makes no sense here")
-    family = get_family("triton_moe", space_path=args.search_space)
-    try:
-        cache = read_cache(args.cache) if Path(args.cache).exists() else Cache(device.to_dict())
+    try:                     # the cache it extends is read before any worker starts
+        old = read_cache(args.cache) if Path(args.cache).exists() else None
     except CacheError as e:
-        raise UsageError(str(e))
+        raise UsageError(f"--cache {e}; refusing to overwrite it (name a new file)") from None
+    device, pool, _, _, plans = _open_device(args)
+    family = get_family("triton_moe", space_path=args.search_space)
+    cache = old or Cache(device.to_dict())
     cache.device = device.to_dict()
     cache.notes["compile_workers"] = len(pool.slots)
     shard, nshard = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
@@ -476,7 +516,7 @@ def cmd_record(args) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    from .fsutil import FileFormatError
+    from .fsutil import FileFormatError, forcing
     from .models import ModelError
     from .run_lock import RunLocked
     from .spaces import SpaceError
@@ -490,7 +530,8 @@ def main(argv=None) -> int:
         importlib.import_module("autotune.study")    # it quietens Optuna on import: first
         optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
-        return args.fn(args)
+        with forcing(getattr(args, "force", False)):
+            return args.fn(args)
     except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

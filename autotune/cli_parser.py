@@ -50,6 +50,11 @@ def _add_device_args(p) -> None:
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
 
 
+def add_force(p) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace files autotune did not write where it writes its own (refused without it)")
+
+
 def _version() -> str:
     import importlib.metadata as md
     try:
@@ -97,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUTLASS MoE JIT build, ~30 min on 16 cores, is not cached yet)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
+    add_force(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
@@ -116,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_args(p)
     _add_storage_and_out(p)
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
+    add_force(p)
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
@@ -123,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="src", help="tuned folder (default: the one under tuned_configs/)")
     p.add_argument("--branch", help="new branch (default tuned/<device>)")
     p.add_argument("--path", help="folder inside the serving repo (default tuned_configs/<device>)")
+    add_force(p)
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
@@ -132,17 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="stop submitting after this much wall time, e.g. 8m")
     p.add_argument("--shard", help="i/n: take every n-th config starting at i")
     p.add_argument("--quiet", action="store_true")
+    add_force(p)
     p.set_defaults(fn=cmd_record)
 
     p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
     p.add_argument("caches", nargs="+")
     p.add_argument("-o", "--output", required=True)
+    add_force(p)
     p.set_defaults(fn=cmd_merge)
 
     p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
                                              "one server_args.yaml")
     p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
+    add_force(p)
     p.set_defaults(fn=cmd_merge_choices)
 
     p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
@@ -150,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     p.add_argument("--target-sm", type=int, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
     p.add_argument("--out", help="record file (default search_spaces/compiled/sm<XY>.json)")
+    add_force(p)
     p.set_defaults(fn=cmd_compile_limits)
 
     p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
@@ -178,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-config-class", help="transformers' config class (default: read from the model folder)")
     p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
     p.add_argument("--cache-dir", help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
+    add_force(p)
     p.set_defaults(fn=cmd_install)
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
@@ -188,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, help="keep only this many layers (default: all)")
     p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
     p.add_argument("--out", required=True, help="folder to write")
+    add_force(p)
     p.set_defaults(fn=cmd_rank_model)
 
     from .validate.command import add_parser as add_validate_parser

@@ -10,9 +10,9 @@ from __future__ import annotations
 import collections
 import copy
 import gzip
+import io
 import json
 import zlib
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,18 +131,37 @@ class Cache:
                      dict(self.careful))
 
 
+def is_cache(path: Path) -> bool:
+    """Ours: a file whose first line is a measurement cache's header."""
+    for opener in (lambda: gzip.open(path, "rt"), lambda: open(path)):
+        try:
+            with opener() as f:
+                return json.loads(f.readline()).get("kind") == CACHE_KIND
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, AttributeError):
+            continue
+    return False
+
+
+CACHE_OURS = is_cache
+
+
 def write_cache(path: str | Path, cache: Cache) -> None:
-    """Atomic: a temp file beside the target, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", compresslevel=9) as f:
+    """Through the one writer (atomic); never over a file that is not a measurement cache."""
+    with atomic_file_for(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz, \
+            io.TextIOWrapper(gz, encoding="utf-8") as f:
         f.write(json.dumps({"kind": CACHE_KIND, "version": CACHE_VERSION, "device": cache.device,
                             "problems": cache.problems, "notes": cache.notes}) + "\n")
         for book, extra in ((cache.records, {}), (cache.careful, {"careful": True})):
             for m in sorted(book.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
                 f.write(json.dumps({**m.to_dict(), **extra}, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+        f.flush()
+        gz.flush()
+
+
+def atomic_file_for(path):
+    from .fsutil import atomic_file, claim
+    claim(path, CACHE_OURS)
+    return atomic_file(path)
 
 
 class CacheError(ValueError):

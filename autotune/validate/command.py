@@ -63,6 +63,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="bf16", help="expert dtype: bf16, fp8_w8a8_block, fp8_w8a8 (default bf16)")
     g.add_argument("--batch-sizes", help=f"decode batch sizes (default {DEFAULT_POINTS})")
     g.add_argument("--layers", type=int, help="layers in the timed step (default 8, whole 3:1 groups)")
+    from ..cli_parser import add_force
+    add_force(p)
     p.set_defaults(fn=cmd_validate)
     return p
 
@@ -127,10 +129,13 @@ def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_labe
 
 
 def _check_out(out: Path) -> None:
-    from ..fsutil import check_writable
+    """The --out folder can be written and holds no file of validate's names that is not ours."""
+    from ..fsutil import NotOurs, check_writable, claim_all
+    from .report import report_targets
     try:
         check_writable(out)
-    except OSError as e:
+        claim_all(report_targets(out))
+    except (OSError, NotOurs) as e:
         raise ValidateError(str(e)) from None
 
 
