@@ -9,8 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli_common import (EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError,  # noqa: F401
-                         _parse_duration, _print_shared, _selection)
+from .cli_common import EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError, _print_shared, _selection  # noqa: F401
 from .cli_parser import build_parser
 
 
@@ -44,6 +43,8 @@ def _open_device(args, kernels=("triton_moe",)):
         except devmod.NoDeviceError:
             raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on")
         gpus = list(range(device.gpu_count)) if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
+        if any(g >= device.gpu_count for g in gpus):
+            raise UsageError(f"--gpus {args.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
     if not args.replay:
         from .kernels.triton_moe import tma_supported
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
@@ -164,8 +165,7 @@ def cmd_run(args) -> int:
     from .cli_triton import run_triton_moe, sku_names
     from .plan import PlanError, parse_kernels
 
-    budget = _parse_duration(args.budget) if args.budget else None
-    _check_counts(args)
+    budget = args.budget            # seconds (autotune.inputs.seconds)
     _check_record_file(args.record)
     _warm_start(args)
     try:
@@ -284,13 +284,6 @@ def _no_bar(args) -> bool:
     return bool(args.quiet) or getattr(args, "log_level", "info") == "warning" or not sys.stderr.isatty()
 
 
-def _check_counts(args) -> None:
-    for flag, value, least in (("--trials", args.trials, 1), ("--workers", args.workers, 1),
-                               ("--neighbours", args.neighbours, 0), ("--routings", args.routings, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be at least {least}, got {value}")
-
-
 def _check_record_file(path) -> None:
     """--record extends a measurement cache; anything else at that path is refused, before any work."""
     from .records import CacheError, read_cache
@@ -388,8 +381,7 @@ def cmd_worker(args) -> int:
 
     from .study import Clock, ProblemTuner
 
-    budget = _parse_duration(args.budget) if args.budget else None
-    _check_counts(args)
+    budget = args.budget            # seconds (autotune.inputs.seconds)
     _warm_start(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
@@ -420,7 +412,6 @@ def cmd_export(args) -> int:
 
     if args.out is None:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
-    _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     skus = sku_names(args, device)
     run_name = _run_name(args, device)
@@ -451,7 +442,7 @@ def cmd_record(args) -> int:
     from .records import Cache, CacheError, read_cache, write_cache
     from .worker import Task, run_tasks
 
-    budget = _parse_duration(args.budget) if args.budget else None
+    budget = args.budget
     if args.replay:
         raise UsageError("record measures on a GPU; --replay makes no sense here")
     try:                     # the cache it extends is read before any worker starts
@@ -463,7 +454,7 @@ def cmd_record(args) -> int:
     cache = old or Cache(device.to_dict())
     cache.device = device.to_dict()
     cache.notes["compile_workers"] = len(pool.slots)
-    shard, nshard = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
+    shard, nshard = args.shard or (0, 1)
     problems = plans[0].problems
     with pool:
         for p, why in plans[0].skipped:
@@ -521,7 +512,13 @@ def main(argv=None) -> int:
     from .run_lock import RunLocked
     from .spaces import SpaceError
 
-    args = build_parser().parse_args(argv)
+    from .inputs import BadInput
+
+    try:
+        args = build_parser().parse_args(argv)
+    except BadInput as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     stop = _on_sigterm_interrupt()
     if getattr(args, "log_level", None) == "debug":
         import importlib

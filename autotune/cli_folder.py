@@ -123,6 +123,8 @@ def cmd_rank_model(args) -> int:
 
     if bool(args.model) == bool(args.model_config):
         raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
+    if args.model_config:
+        models.model_from_hf_config(args.model_config)      # validated once; the rank keeps every other key
     hf = (models.read_hf_config(args.model_config) if args.model_config
           else qwen35_hf_config(models.select_models(model=args.model)[0]))
     folder = write_rank_model(args.out, hf, args.tp, args.layers, args.fp8_block)
@@ -160,13 +162,9 @@ def cmd_compile_limits(args) -> int:
 
 def cmd_check(args) -> int:
     from . import device as devmod
-    from . import models
     from .check import CheckError, check_folder
 
-    try:
-        Ms = models.parse_int_list(args.batch_sizes, "--batch-sizes", models.MAX_BATCH) if args.batch_sizes else None
-    except models.ModelError as e:
-        raise UsageError(str(e)) from None
+    Ms = args.batch_sizes                 # parsed by the flag's type (autotune.inputs)
     try:
         machine = devmod.detect()
     except devmod.NoDeviceError:

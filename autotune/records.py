@@ -201,6 +201,7 @@ def _parse_cache(path: Path) -> Cache:
             if header.get("version") != CACHE_VERSION:
                 raise CacheError(f"{path}: cache version {header.get('version')} not supported (want {CACHE_VERSION})")
             cache = Cache(header["device"], problems=header.get("problems", {}), notes=header.get("notes", {}))
+            _check_header(cache)
             for line in f:
                 if line.strip():
                     row = json.loads(line)
@@ -213,6 +214,22 @@ def _parse_cache(path: Path) -> Cache:
         # A recording cut short (a killed run, a partial copy) ends mid-stream: EOFError.
         raise CacheError(f"{path}: unreadable measurement cache ({type(e).__name__}: {e})") from None
     return cache
+
+
+def _check_header(cache: Cache) -> None:
+    """The header's device and problems, validated where they are read (they become a device and Problems)."""
+    from .models import ModelError, problem_from_dict
+
+    dev = cache.device
+    if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int:
+        raise TypeError(f"its device is not a recorded GPU: {dev!r:.120}")
+    if not isinstance(cache.problems, dict) or not isinstance(cache.notes, dict):
+        raise TypeError("its problems and notes must be JSON objects")
+    for key, p in cache.problems.items():
+        try:
+            problem_from_dict(p)
+        except ModelError as e:
+            raise TypeError(f"problem {key}: {e}") from None
 
 
 def merge_caches(paths: list[str | Path]) -> Cache:

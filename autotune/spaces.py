@@ -73,6 +73,10 @@ def load(family: str, path: str | Path | None = None) -> dict:
         doc = yaml.safe_load(p.read_text())
     except FileNotFoundError:
         raise SpaceError(f"search space file not found: {p}") from None
+    except IsADirectoryError:
+        raise SpaceError(f"--search-space {p} is a folder; name a YAML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpaceError(f"search space {p} cannot be read: {e}") from None
     except yaml.YAMLError as e:
         raise SpaceError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(doc, dict):
