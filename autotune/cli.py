@@ -35,17 +35,24 @@ def _open_device(args, kernels=("triton_moe",)):
             raise UsageError(str(e))
         pool = ReplayPool(cache, realtime=getattr(args, "replay_realtime", 0.0) or 0.0)
         device = pool.device
+    elif getattr(args, "target_device", None):
+        try:
+            device, gpus = devmod.planned_gpu(args.target_device), [0]
+        except devmod.NoDeviceError as e:
+            raise UsageError(str(e)) from None
     elif os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
         device, gpus = devmod.cpu_interpreter(), [0]
     else:
         try:
             device = devmod.detect()
         except devmod.NoDeviceError:
-            raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on")
+            raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on" +
+                             ("; plan for a GPU model with --target-device NAME (e.g. 'NVIDIA H200')"
+                              if getattr(args, "dry_run", False) else "")) from None
         gpus = list(range(device.gpu_count)) if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
         if any(g >= device.gpu_count for g in gpus):
             raise UsageError(f"--gpus {args.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
-    if not args.replay:
+    if not args.replay and device.kind != "planned":
         from .kernels.triton_moe import tma_supported
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
     options = _family_options(args, device)
@@ -166,6 +173,11 @@ def cmd_run(args) -> int:
     from .plan import PlanError, parse_kernels
 
     budget = args.budget            # seconds (autotune.inputs.seconds)
+    if args.target_device and not args.dry_run:
+        raise UsageError("--target-device plans a run for a GPU model: it needs --dry-run (a run measures on the "
+                         "GPU it finds, or replays --replay)")
+    if args.target_device and args.replay:
+        raise UsageError("--target-device and --replay both name the device: give one")
     _check_record_file(args.record)
     _warm_start(args)
     try:
@@ -197,9 +209,15 @@ def cmd_run(args) -> int:
     skus = sku_names(args, device)
     _check_record_device(args.record, device)
     from .scope import scope
-    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache).lines:
+    if args.dry_run:
+        print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
+              + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
+              .get(device.kind, ""))
+    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache, device).lines:
         print(line)
     if args.dry_run:
+        for line in _default_scope_note(args):
+            print(line)
         return 0
     run_name = _run_name(args, device)
     storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
@@ -234,6 +252,28 @@ def cmd_run(args) -> int:
             run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
     _write_summary(args, device)
     return 0
+
+
+def _default_scope_note(args) -> list[str]:
+    """What the defaults chose, said where the user chose none of it (the default qwen3.5 scope is
+    about 1.6 h of Triton measurements alone on an H200)."""
+    from . import models
+    from .plan import KERNELS
+
+    said = []
+    if not args.model and not args.model_config and not args.only_drifted:
+        fam = args.shapes or "qwen3.5"
+        said.append(f"the {fam} family ({', '.join(m.name for m in models.select_models(fam))})")
+    if tuple(args.tp) == (1, 2, 4, 8):
+        said.append("every TP size (1,2,4,8)")
+    if not args.dtype:
+        said.append("every dtype the GPU supports")
+    if args.kernels in (None, "all"):
+        said.append(f"every kernel family ({', '.join(KERNELS)})")
+    if not said:
+        return []
+    return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
+            "--kernels triton_moe, or bound it with --budget 1h"]
 
 
 SUMMARY_OURS = ("command", "device")

@@ -85,6 +85,9 @@ def build_parser() -> inputs.Parser:
     p.add_argument("--budget", type=inputs.seconds, help="device time for the whole run, e.g. 20m (a unit is needed: 90s, 20m, 1.5h)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be tuned and the estimated device time, measure and write nothing")
+    p.add_argument("--target-device", metavar="NAME", type=inputs.path,
+                   help="with --dry-run: plan for this GPU model (as torch.cuda.get_device_name() prints it, e.g. "
+                        "'NVIDIA H200'), on any machine; default: the GPU here")
     _add_storage_and_out(p)
     p.add_argument("--record", type=inputs.path, help="also write every measurement to this cache file")
     p.add_argument("--json", metavar="FILE", type=inputs.path, help="also write a machine-readable summary of the run here")
