@@ -56,13 +56,14 @@ def read_provenance(folder: str | Path) -> dict:
         raise CheckError(f"{folder} is not a folder")
     try:
         prov = json.loads(prov_path.read_text())
-        files = prov["files"]
-        if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
-            raise TypeError
     except FileNotFoundError:
         raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__})") from None
+    except (OSError, ValueError) as e:
+        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__}: {e})") from None
+    from .config_files import provenance_problem
+    why = provenance_problem(prov)
+    if why:
+        raise CheckError(f"{prov_path} is not autotune provenance ({why}); fix it or re-export the folder")
     return prov
 
 

@@ -552,12 +552,12 @@ def main(argv=None) -> int:
     from .run_lock import RunLocked
     from .spaces import SpaceError
 
-    from .inputs import BadInput
+    from .inputs import BadInput, one_line
 
     try:
         args = build_parser().parse_args(argv)
     except BadInput as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     stop = _on_sigterm_interrupt()
     if getattr(args, "log_level", None) == "debug":
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
         with forcing(getattr(args, "force", False)):
             return args.fn(args)
     except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
         import optuna

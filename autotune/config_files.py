@@ -37,6 +37,92 @@ class TritonConfig(BaseModel):
         return v
 
 
+class _Record(BaseModel):
+    """A provenance record: the fields autotune reads are typed, the rest is kept as written."""
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class PerM(_Record):
+    tuned_us: Optional[float] = None
+    gate_up_us: Optional[float] = None
+    down_us: Optional[float] = None
+    default_us: Optional[float] = None
+    shipped_us: Optional[float] = None
+    source: Optional[str] = None
+
+
+class FileEntry(_Record):
+    down_file: Optional[str] = None
+    problem: Optional[dict] = None
+    device: Optional[str] = None
+    compute_capability: Optional[int] = None
+    triton: Optional[str] = None
+    measured_on: Optional[str] = None
+    measured_on_sku: Optional[str] = None
+    sglang_versions: Optional[list[str]] = None
+    per_M: dict[str, PerM] = {}
+    sha256: dict[str, str] = {}
+    versions: dict = {}
+
+
+class Overlay(_Record):
+    files: list[str] = []
+    skipped: dict = {}
+    sha256: dict[str, str] = {}
+
+
+class RecordedDevice(_Record):
+    name: Optional[str] = None
+    sm: Optional[int] = None
+    driver: Optional[str] = None
+    versions: dict = {}
+
+
+class Provenance(_Record):
+    device: RecordedDevice = RecordedDevice()
+    files: dict[str, FileEntry]
+    shipped_overlay: Optional[Overlay] = None
+
+
+class ChoiceDevice(_Record):
+    name: str
+    sm: int
+    kind: str = "gpu"
+    versions: dict = {}
+
+
+class FamilyChoice(_Record):
+    server_choice: dict[str, dict]
+    chosen_mix: Optional[str] = None
+    measured: dict = {}
+
+
+class BackendChoices(_Record):
+    """backend_choice.json (autotune.export.server_args)."""
+    device: ChoiceDevice
+    families: dict[str, FamilyChoice]
+    checkpoint: Optional[str] = None
+
+
+def _problem(model, doc) -> str | None:
+    try:
+        model.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        return f"{'.'.join(map(str, err['loc'])) or 'it'}: {err['msg']}"
+    return None
+
+
+def choices_problem(doc) -> str | None:
+    """Why `doc` is not a backend_choice.json autotune reads; None when it is."""
+    return _problem(BackendChoices, doc)
+
+
+def provenance_problem(doc) -> str | None:
+    """Why `doc` is not a provenance.json autotune reads; None when it is."""
+    return _problem(Provenance, doc)
+
+
 def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:
     """Why `doc` (a parsed config file) is not one SGLang's loader and kernel take; None when it is.
     An entry without num_warps or num_stages must be one of SGLang's own configs at that M (its

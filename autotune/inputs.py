@@ -20,6 +20,11 @@ class BadInput(Exception):
     """A flag's value (or the command line itself) is wrong: one line, exit 2."""
 
 
+def one_line(error) -> str:
+    """An error's text as the one line the CLI prints (a library's message may span several)."""
+    return " ".join(str(error).split())
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors one line each (`autotune: error: --flag ...`) raised, not printed
     with the usage and a SystemExit: main says it and returns 2 (in-process callers see the code)."""

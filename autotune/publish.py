@@ -100,11 +100,20 @@ def _gains(prov: dict) -> list[str]:
     return lines
 
 
+def _provenance(folder: Path) -> dict:
+    """A folder's provenance.json through check's reader (the one that validates its shape)."""
+    from .check import CheckError, read_provenance
+    try:
+        return read_provenance(folder)
+    except CheckError as e:
+        raise PublishError(str(e)) from None
+
+
 def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     """In memory: {relative path: JSON content} to write, the merged provenance, and what the
     serving repo keeps per file. Nothing touches the serving repo until the plan is accepted."""
-    ours_all = read_json(src / PROVENANCE)
-    theirs_all = read_json(dest / PROVENANCE, default={}) or {}
+    ours_all = _provenance(src)
+    theirs_all = _provenance(dest) if (dest / PROVENANCE).exists() else {}
     writes, kept_all = {}, {}
     merged = {"device": ours_all.get("device"), "files": dict(theirs_all.get("files", {}))}
     changed = False

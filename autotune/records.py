@@ -80,6 +80,21 @@ class Measurement:
     versus_us: float | None = None
     versus_spread: float | None = None
 
+    def __post_init__(self):
+        # Records come from files (recordings, --record caches): a wrong one is refused where it is made.
+        if not (isinstance(self.problem, str) and isinstance(self.gemm, str) and type(self.M) is int and self.M > 0
+                and isinstance(self.config, dict) and self.status in STATUSES and isinstance(self.reason, str)):
+            raise ValueError(f"not a measurement record (problem {self.problem!r:.40}, gemm {self.gemm!r:.20}, "
+                             f"M {self.M!r:.20}, status {self.status!r:.20})")
+        for name in ("time_us", "spread", "error", "versus_us", "versus_spread", "compile_s", "bench_s"):
+            v = getattr(self, name)
+            if v is not None and (type(v) not in (int, float) or v != v or v in (float("inf"), float("-inf"))):
+                raise ValueError(f"measurement {name} must be a finite number, got {v!r:.30}")
+        if self.ok and self.time_us is None:
+            raise ValueError("an ok measurement without time_us")
+        if type(self.samples) is not int or (self.tactics is not None and not isinstance(self.tactics, list)):
+            raise ValueError("measurement samples must be an integer and tactics a list")
+
     @property
     def ok(self) -> bool:
         return self.status == OK
@@ -209,7 +224,7 @@ def _parse_cache(path: Path) -> Cache:
                     cache.add(Measurement.from_dict(row), careful=careful)
     except FileNotFoundError:
         raise CacheError(f"measurement cache not found: {path}") from None
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError,
             AttributeError) as e:
         # A recording cut short (a killed run, a partial copy) ends mid-stream: EOFError.
         raise CacheError(f"{path}: unreadable measurement cache ({type(e).__name__}: {e})") from None
@@ -221,8 +236,12 @@ def _check_header(cache: Cache) -> None:
     from .models import ModelError, problem_from_dict
 
     dev = cache.device
-    if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int:
+    if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int \
+            or not isinstance(dev.get("versions", {}), dict) or type(dev.get("smem_optin", 0)) is not int:
         raise TypeError(f"its device is not a recorded GPU: {dev!r:.120}")
+    if "compile_workers" in cache.notes and (type(cache.notes["compile_workers"]) is not int
+                                             or cache.notes["compile_workers"] < 1):
+        raise TypeError("its notes.compile_workers is not a positive integer")
     if not isinstance(cache.problems, dict) or not isinstance(cache.notes, dict):
         raise TypeError("its problems and notes must be JSON objects")
     for key, p in cache.problems.items():

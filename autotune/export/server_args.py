@@ -154,9 +154,11 @@ def _read(path: Path) -> dict:
     """A backend_choice.json, its families' provenance filled in where an older file lacks it."""
     try:
         choices = json.loads(path.read_text())
+        from ..config_files import choices_problem
+        why = choices_problem(choices)
+        if why:
+            raise TypeError(why)
         kind, families = DeviceInfo.from_dict(choices["device"]).kind, choices["families"]
-        if not isinstance(families, dict) or not all(isinstance(e, dict) for e in families.values()):
-            raise TypeError("its families are not a mapping of family -> choice")
     except FileNotFoundError:
         raise ChoicesError(f"{path}: no such file") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo, utc_now
-from ..fsutil import claim, json_with, listed, read_json, sha256, write_json
+from ..fsutil import FileFormatError, claim, json_with, listed, read_json, sha256, write_json
 from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..select import Choice
@@ -43,8 +43,13 @@ def read_folder_provenance(device_folder: str | Path) -> dict | None:
     path = Path(device_folder) / PROVENANCE
     claim(path, PROVENANCE_OURS)
     prov = read_json(path, default=None)
-    if prov is not None and not isinstance(prov.get("files"), dict):
-        prov = {**prov, "files": {}}          # forced over a file that was not ours
+    if prov is not None and not PROVENANCE_OURS(path):
+        return None                           # forced over a file that was not ours: started afresh
+    from ..config_files import provenance_problem
+    why = prov is not None and provenance_problem(prov)
+    if why:
+        raise FileFormatError(f"{path} is not autotune provenance ({why}); fix it, or move it away to start "
+                              "this folder afresh")
     return prov
 
 

@@ -100,7 +100,7 @@ def cmd_validate(args) -> int:
                 return _validate_sglang(args)
             return _validate_harness(args)
     except (ValidateError, ModelError) as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {inputs.one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("autotune: validate interrupted; every server it started has been stopped", file=sys.stderr)
