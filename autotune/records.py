@@ -88,8 +88,12 @@ class Measurement:
                              f"M {self.M!r:.20}, status {self.status!r:.20})")
         for name in ("time_us", "spread", "error", "versus_us", "versus_spread", "compile_s", "bench_s"):
             v = getattr(self, name)
-            if v is not None and (type(v) not in (int, float) or v != v or v in (float("inf"), float("-inf"))):
-                raise ValueError(f"measurement {name} must be a finite number, got {v!r:.30}")
+            if v is not None and type(v) not in (int, float):
+                raise ValueError(f"measurement {name} must be a number, got {v!r:.30}")
+        for name in ("time_us", "compile_s", "bench_s"):     # what ranks configs and prices a replay
+            v = getattr(self, name)                        # (a wrong result's error may be NaN)
+            if v is not None and (v != v or v in (float("inf"), float("-inf")) or v < 0):
+                raise ValueError(f"measurement {name} must be a finite non-negative number, got {v!r:.30}")
         if self.ok and self.time_us is None:
             raise ValueError("an ok measurement without time_us")
         if type(self.samples) is not int or (self.tactics is not None and not isinstance(self.tactics, list)):

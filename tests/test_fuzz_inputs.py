@@ -422,6 +422,11 @@ def _found_space(root):
     return ["run", *ONE, "--replay", GRID, "--search-space", "s.yaml", "--dry-run", "--batch-sizes", "8"]
 
 
+def _found_arch(root, lines):
+    (root / "s.yaml").write_text(SPACE.replace("  sm90: {}", "  sm90: 5"))   # a section that is not a mapping
+    return ["run", *ONE, "--replay", GRID, "--search-space", "s.yaml", "--dry-run", "--batch-sizes", "8"]
+
+
 def _found_recording(edit, command):
     def make(root, lines):
         with gzip.open(root / "rec.jsonl.gz", "wt") as f:
@@ -462,6 +467,7 @@ def _per_m(value):
 
 FOUND = {
     "fuzz-error-spans-lines": lambda root, lines: _found_space(root),
+    "fuzz-space-section-not-a-mapping": _found_arch,
     "fuzz-provenance-not-an-object": _found_folder(lambda prov: 7),
     "fuzz-record-field-type": _found_recording(("record", 0.5, 0, "eight"), "merge"),
     "fuzz-recording-versions-not-an-object": _found_recording(("header", 0, 2, 3), "merge"),
