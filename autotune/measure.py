@@ -45,17 +45,34 @@ def rel_error(out, ref) -> float:
 
 def check_output(out, ref, tol: float) -> tuple[bool, str, float]:
     """(ok, reason, error): NaN/Inf (also an output the kernel never wrote, since outputs are
-    poisoned with NaN first) or a relative error above `tol` fails."""
+    poisoned with NaN first) or a relative error above `tol` fails. The reason is the evidence a
+    sieve keeps: the share of bad outputs and the first bad element, or the error and the element
+    furthest off."""
     import torch
 
     o = out.float()
-    bad = (~torch.isfinite(o)).sum().item()
+    finite = torch.isfinite(o)
+    bad = (~finite).sum().item()
     if bad:
-        return False, f"{bad} of {o.numel()} outputs NaN/Inf or never written", float("nan")
+        first = int((~finite).flatten().nonzero()[0])
+        return False, (f"{bad} of {o.numel()} outputs NaN/Inf or never written ({100 * bad / o.numel():.3g}%; "
+                       f"first at {_index(first, o.shape)}: {o.flatten()[first].item()})"), float("nan")
     err = rel_error(o, ref)
     if not err <= tol:
-        return False, f"relative error {err:.3g} > tolerance {tol:.3g}", err
+        diff = (o - ref.float()).abs().flatten()
+        worst = int(diff.argmax())
+        return False, (f"relative error {err:.3g} > tolerance {tol:.3g} (furthest off at {_index(worst, o.shape)}: "
+                       f"{o.flatten()[worst].item():.4g} vs {ref.flatten()[worst].item():.4g})"), err
     return True, "", err
+
+
+def _index(flat: int, shape) -> tuple:
+    """The index of element `flat` of a row-major tensor of `shape`."""
+    out = []
+    for n in reversed(tuple(shape)):
+        out.append(flat % n)
+        flat //= n
+    return tuple(reversed(out))
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:

@@ -50,12 +50,19 @@ def test_table_agrees_with_flashinfers_own_declarations_for_mm_fp4():
     """Where we defer to FlashInfer, our answer is FlashInfer's answer (no stale copy)."""
     import flashinfer
 
+    ours, theirs = {}, {}
     for sm in (90, 100, 120):
         for b in backends.backends("fp4_gemm"):
             fn, arg = b.flashinfer
-            if arg is None or (b.min_cuda and sm >= 120 and b.name == "b12x"):
+            if arg is None:
                 continue
-            assert backends.availability(b, dev(sm), check_imports=False).ok == flashinfer.mm_fp4.is_backend_supported(arg, sm)
+            ours[sm, b.name] = backends.availability(b, dev(sm), check_imports=False).ok
+            theirs[sm, b.name] = flashinfer.mm_fp4.is_backend_supported(arg, sm)
+    assert ours == theirs
+    # every mm_fp4 backend FlashInfer has was compared, at each SM, and both answers occur
+    names = {name for _, name in ours}
+    assert names == {"b12x", "cudnn", "cute-dsl", "cutlass", "trtllm"} and len(ours) == 3 * len(names)
+    assert not any(ours[90, n] for n in names) and ours[100, "trtllm"] and not ours[120, "trtllm"]
 
 
 def test_every_selectable_value_is_one_sglang_accepts():

@@ -1,5 +1,4 @@
 """The Dockerfile and compose file, checked statically (there is no Docker engine in CI)."""
-import importlib
 import re
 
 import yaml
@@ -49,10 +48,19 @@ def test_image_pins_the_versions_the_project_pins():
     assert f'sglang=={sg["sglang"]}' in pyproject
 
 
-def test_entrypoint_exists_in_the_package():
-    target = re.search(r'^autotune = "([\w.]+):(\w+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    fn = getattr(importlib.import_module(target.group(1)), target.group(2))
-    assert callable(fn) and fn(["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8"]) == 0
+def test_the_images_entrypoint_is_the_cli(capsys):
+    """The Dockerfile's ENTRYPOINT ["autotune"] is the console script pyproject.toml declares: the
+    installed metadata names the same function, and it runs a sub-command, with its output."""
+    from importlib.metadata import entry_points
+
+    target = re.search(r'^autotune = "([\w.]+:\w+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    [installed] = entry_points(group="console_scripts", name="autotune")
+    assert installed.value == target
+    fn = installed.load()
+    assert fn(["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8"]) == 0
+    out = capsys.readouterr().out
+    # Qwen3.5-35B-A3B: 256 experts, moe_intermediate 512 / tp 8 = 64, hidden 2048, top-8
+    assert "3 fused-MoE problems" in out and re.search(r"\b256\s+64\s+2048\s+8 bf16\b", out)
 
 
 def test_compose_runs_one_worker_per_gpu_on_one_postgres_study():

@@ -70,9 +70,14 @@ def test_cpu_alignment_has_sglang_semantics():
 
 def test_check_output_rejects_nan_and_error():
     ref = torch.ones(4)
-    assert check_output(torch.tensor([1.0, float("nan"), 1, 1]), ref, 1e-3)[:2] == (False, "1 of 4 outputs NaN/Inf or never written")
+    assert check_output(torch.tensor([1.0, float("nan"), 1, 1]), ref, 1e-3)[:2] == (
+        False, "1 of 4 outputs NaN/Inf or never written (25%; first at (1,): nan)")
     ok, reason, err = check_output(torch.tensor([1.0, 1, 1, 1.5]), ref, 1e-3)
     assert not ok and "relative error" in reason and err == pytest.approx(0.25)
+    assert reason.endswith("(furthest off at (3,): 1.5 vs 1)")      # the evidence names the element
+    two_d = torch.ones(2, 3)
+    two_d[1, 2] = float("inf")
+    assert "first at (1, 2): inf" in check_output(two_d, torch.ones(2, 3), 1e-3)[1]
 
 
 def test_tma_layout_reads_only_ids_the_alignment_wrote():

@@ -4,12 +4,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from autotune.cli import main
-from autotune.validate.server_arms import comparisons, evidence, read_runs, table
+from autotune.validate.server_arms import INSTANCE_SPREAD, comparisons, evidence, instance_spread, read_runs, table
 
 SAMPLE = Path(__file__).parent / "data/validate/sglang016_runs"
 TUNED = "tuned_configs/sglang-0.5.16/NVIDIA_H200"
-ALL_RUNS = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang016_arms_2026-12-02.tgz"
 
 
 def test_each_arm_is_what_sglang_says_it_loaded():
@@ -60,29 +61,87 @@ def test_default_arm_that_found_a_file_is_refused():
     assert check_arm("default", ev, None) and check_arm("tuned", ev, "a/b") and check_arm("shipped", ev, None) is None
 
 
-def test_gate_on_the_recorded_h200_runs(tmp_path, capsys):
-    out = tmp_path / "out"
-    configs = Path(__file__).resolve().parent.parent / TUNED
-    assert main(["validate", "--engine", "sglang", "--from-runs", str(ALL_RUNS), "--configs", str(configs),
-                 "--out", str(out), "--gate"]) == 0
+ROOT = Path(__file__).resolve().parent.parent
+RUNS_023 = ROOT / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"
+RUNS_016 = [ROOT / "benchmarks/data" / f"h200_sglang016_arms{s}_2026-12-02.tgz" for s in ("", "_fp8_block", "_fp8_block_server")]
+
+
+def _judged_as_committed(out: Path, committed: Path) -> dict:
+    """The fresh judgement equals what the committed validation.json carries, point by point."""
     rec = json.loads((out / "validation.json").read_text())
+    old = json.loads(committed.read_text())
+    key = ("point", "baseline", "tuned", "ratio", "sigma", "threshold", "verdict", "noise", "against")
+    assert [{k: c[k] for k in key} for c in rec["comparisons"]] == [{k: c[k] for k in key} for c in old["comparisons"]]
+    assert rec["gate"] == old["gate"]
+    return rec
+
+
+def test_gate_on_the_recorded_h200_runs(tmp_path, capsys):
+    """SGLang 0.5.16's committed runs: the default arm of the server had one start (its second was cut
+    short), so those 12 points are not judged; the old gate called all 12 a gain against a 1% floor."""
+    out = tmp_path / "out"
+    configs = ROOT / TUNED
+    argv = ["validate", "--engine", "sglang", *[a for r in RUNS_016 for a in ("--from-runs", str(r))],
+            "--configs", str(configs), "--out", str(out), "--gate"]
+    assert main(argv) == 0
+    rec = _judged_as_committed(out, configs / "validation.json")
     assert rec["engine"] == "sglang-server 0.5.16" and rec["gate"]["passed"]
     assert rec["device"]["gpu"] == "NVIDIA H200" and rec["device"]["sglang"] == "0.5.16"
     arms = {(r["mode"], r["arm"]) for r in rec["runs"]}
     assert arms == {(m, a) for m in ("one_batch", "server") for a in ("default", "shipped", "tuned")}
-    vs = {c["point"] for c in rec["comparisons"]}
-    assert "bench_one_batch bf16 vs shipped, batch 256" in vs and "server bf16 vs default, batch 1" in vs
+    one_run = [c for c in rec["comparisons"] if min(len(c["baseline"]), len(c["tuned"])) < 2]
+    assert len(one_run) == 12 and {c["point"].split(",")[0] for c in one_run} == {
+        "server bf16 vs default", "server fp8_block vs default"}
+    assert all(c["verdict"] == "not judged" and "borrowed" in c["noise"] for c in one_run)
+    assert not any(c["verdict"] == "gain" for c in one_run)
+    assert rec["gate"]["counts"]["default"] == {"points": 24, "gain": 10, "within noise": 2, "regression": 0,
+                                                "not judged": 12}
+
+
+def test_the_known_instance_spread_is_what_the_committed_runs_say(tmp_path):
+    """INSTANCE_SPREAD, which a one-run arm borrows, recomputed from the committed H200 runs of
+    SGLang 0.5.16 and 0.5.23 (one run set per release)."""
+    import tarfile
+
+    sets = []
+    for release, tgzs, folder in (("0.5.16", RUNS_016, TUNED), ("0.5.23", [RUNS_023], "tuned_configs/NVIDIA_H200")):
+        runs = []
+        for i, tgz in enumerate(tgzs):
+            with tarfile.open(tgz) as t:
+                t.extractall(tmp_path / release / str(i), filter="data")
+            [inner] = [d for d in (tmp_path / release / str(i)).iterdir() if d.is_dir()]
+            runs += read_runs(inner, folder)[0]
+        sets.append(runs)
+    for mode, groups in (("one_batch", 54), ("server", 18)):
+        sigma, n = instance_spread(sets, mode)
+        assert n == groups and INSTANCE_SPREAD[mode].sigma == pytest.approx(sigma, abs=0.0005), (mode, sigma)
+        assert f"{groups} (release, dtype, arm, batch) groups" in INSTANCE_SPREAD[mode].source
+
+
+def _scaled(src: Path, dst: Path, factor: float) -> None:
+    rows = [json.loads(x) for x in src.read_text().splitlines()]
+    dst.write_text("\n".join(json.dumps({**r, "median_decode_latency": r["median_decode_latency"] * factor}) for r in rows))
 
 
 def test_the_gate_fails_when_tuned_is_slower_beyond_noise(tmp_path):
+    """Tuned 30% slower in both of two repeats: a regression at every batch, and the gate fails. With
+    the one repeat of the committed sample the same slowdown is not judged (one start per arm)."""
+    from autotune.validate.gate import gate
+
     runs = tmp_path / "runs"
     shutil.copytree(SAMPLE, runs)
-    for f in runs.glob("one_batch_bf16_r1_tuned.jsonl"):
-        rows = [json.loads(x) for x in f.read_text().splitlines()]
-        f.write_text("\n".join(json.dumps({**r, "median_decode_latency": r["median_decode_latency"] * 1.3}) for r in rows))
+    _scaled(SAMPLE / "one_batch_bf16_r1_tuned.jsonl", runs / "one_batch_bf16_r1_tuned.jsonl", 1.3)
     got, _ = read_runs(runs, TUNED)
-    cs = comparisons(got, "shipped")
-    assert cs and all(c.verdict == "regression" for c in cs if c.extra["mode"] == "one_batch")
+    cs = [c for c in comparisons(got, "shipped") if c.extra["mode"] == "one_batch"]
+    assert len(cs) == 6 and all(c.verdict == "not judged" for c in cs)
+    for arm, factor in (("shipped", 1.01), ("tuned", 1.3 * 0.99)):          # a second repeat, a little scatter
+        shutil.copy(runs / f"one_batch_bf16_r1_{arm}.log", runs / f"one_batch_bf16_r2_{arm}.log")
+        _scaled(SAMPLE / f"one_batch_bf16_r1_{arm}.jsonl", runs / f"one_batch_bf16_r2_{arm}.jsonl", factor)
+    got, _ = read_runs(runs, TUNED)
+    cs = [c for c in comparisons(got, "shipped") if c.extra["mode"] == "one_batch"]
+    assert len(cs) == 6 and all(c.verdict == "regression" and c.paired for c in cs)
+    g = gate(cs)
+    assert not g.passed and g.lines[-1] == "gate FAILED: tuned is slower than baseline beyond noise at 6 of 6 judged points"
 
 
 FP8_RUNS = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang016_arms_fp8_block_2026-12-02.tgz"
@@ -115,7 +174,6 @@ def test_a_shipped_arm_with_neither_file_nor_default_is_refused():
     assert check_arm("shipped", evidence("no config lines at all"), None) == "SGLang loaded no MoE config file"
 
 
-RUNS_023 = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"
 
 
 def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
@@ -126,7 +184,9 @@ def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
     configs = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
     assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs", str(configs),
                  "--out", str(out), "--gate"]) == 0
-    rec = json.loads((out / "validation.json").read_text())
+    rec = _judged_as_committed(out, configs / "validation.json")
+    assert rec["gate"]["lines"][:2] == ["tuned vs shipped: faster beyond noise at 4 of 6 points, within noise at 2",
+                                        "tuned vs default: faster beyond noise at 5 of 6 points, within noise at 1"]
     assert rec["engine"] == "sglang-server 0.5.23" and rec["device"]["sglang"] == "0.5.23"
     tuned = [r for r in rec["runs"] if r["arm"] == "tuned"]
     assert len(tuned) == 3 and all(
@@ -137,3 +197,15 @@ def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
     assert shipped and all("triton_3_5_1" in f for r in shipped for f in r["evidence"]["files"])
     report = (out / "report.md").read_text()
     assert "python -m sglang.benchmark.one_batch" in report and "sglang.bench_one_batch`" not in report
+
+
+def test_runs_with_one_start_per_arm_fail_the_gate_as_not_judged(tmp_path, capsys):
+    """The committed sample holds one run per arm: nothing can be judged, so --gate exits 1 and says so."""
+    out = tmp_path / "out"
+    argv = ["validate", "--engine", "sglang", "--from-runs", str(SAMPLE), "--configs", str(ROOT / TUNED),
+            "--out", str(out)]
+    assert main(argv + ["--gate"]) == 1
+    assert "gate FAILED: none of 12 tested points could be judged (each needs at least 2 runs per side)" in \
+        capsys.readouterr().out
+    rec = json.loads((out / "validation.json").read_text())
+    assert not rec["gate"]["passed"] and {c["verdict"] for c in rec["comparisons"]} == {"not judged"}

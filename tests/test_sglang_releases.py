@@ -77,18 +77,19 @@ def test_the_version_table_agrees_with_each_releases_code(tmp_path):
     """A file with USE_TMA in the up and the down file: each release's code must reject or accept it
     exactly as the table says (a wrong table entry fails here, not in a user's server)."""
     folder = tmp_path / "NVIDIA_H200"
-    src = ROOT / "tuned_configs/NVIDIA_H200/configs/triton_3_6_0"
     dst = folder / "configs/triton_3_6_0"
     dst.mkdir(parents=True)
     up = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
                 "num_stages": 3, "USE_TMA": True}}
     for name in (PROBLEMS["bf16"], PROBLEMS["bf16"].replace(".json", "_down.json")):
         (dst / name).write_text(json.dumps(up))
-    assert src.is_dir()
+    rejected = {}
     for release in RELEASES:
         got = probe(release, folder, "bf16")["per_M"]["1"]
-        rule = sv.RELEASES[release]
-        assert ("USE_TMA" in got["rejected"]) == (not rule.up_tma), (release, got)
+        rejected[release] = "USE_TMA" in got["rejected"]
+        assert rejected[release] == (not sv.RELEASES[release].up_tma), (release, got)
+    # both answers occur: 0.5.16's kernel has no USE_TMA parameter (its server crashed on the H200), 0.5.23's has
+    assert rejected == {"0.5.16": True, "0.5.23": False}
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
 """The gate's statistics: noise is not a gain, a real gain is, a regression fails the gate."""
+import math
 import random
 
 import pytest
 
-from autotune.validate.gate import compare, comparisons_from_runs, gate, robust_sigma
+from autotune.validate.gate import KnownSpread, compare, comparisons_from_runs, gate, robust_sigma
 
 
 def _noisy(base, factor, rel_noise, n, seed):
@@ -42,7 +43,8 @@ def test_regression_fails_the_gate_naming_the_point_and_both_figures():
     assert c.verdict == "regression"
     g = gate([compare("concurrency 1", [50.0, 51, 50], [52.0, 53, 52], x=1), c])
     assert not g.passed and [r.point for r in g.regressions] == ["concurrency 32"]
-    line = g.lines[0]
+    assert g.lines[0] == "tuned vs baseline: faster beyond noise at 1 of 2 points, slower beyond noise at 1"
+    line = g.lines[1]
     assert "concurrency 32" in line and "tuned 931.0 tok/s" in line and "baseline 1002.0 tok/s" in line
     assert "FAILED" in g.lines[-1]
 
@@ -71,10 +73,50 @@ def test_small_change_below_the_floor_and_a_noisy_regression_are_not_called():
     assert c.ratio < 0.98 and c.verdict == "within noise" and c.threshold > 0.03
 
 
-def test_single_run_has_no_noise_estimate_and_uses_the_floor():
+def test_one_run_per_side_is_not_judged_however_large_the_change():
     c = compare("batch 1", [100.0], [95.0])
-    assert c.sigma is None and c.threshold == 0.01 and c.verdict == "regression"
-    assert "noise not estimated" in c.describe()
+    assert c.verdict == "not judged" and not c.judged
+    assert c.sigma is None and c.threshold == 0.01 and "no noise to borrow" in c.noise
+    # with the method's known spread each side borrows it: the ratio's noise is sqrt(2) x that
+    c = compare("batch 1", [100.0], [80.0], known_spread=KnownSpread(0.03, "test"))
+    assert c.verdict == "not judged" and c.sigma == pytest.approx(math.sqrt(2) * 0.03 * 0.8)
+    assert c.threshold == pytest.approx(2 * 1.2533 * c.sigma, rel=1e-4)
+
+
+def test_a_one_run_side_is_not_judged_and_never_counts_as_zero_noise():
+    """SGLang 0.5.16's server arms: the default arm had one start, tuned two that agreed within
+    0.03%. The one start was counted as zero noise, so +19% against a 1% threshold was a "gain"."""
+    c = compare("server bf16 vs default, batch 32", [1656.3], [1970.5, 1970.7])
+    assert c.verdict == "not judged"
+    # its noise is the tuned side's scatter, not zero: the threshold is both sides' scatter
+    tuned_sigma = (1970.7 - 1970.5) / 1.128 / 1970.6
+    assert c.sigma == pytest.approx(math.hypot(tuned_sigma, tuned_sigma) * c.ratio)
+    assert "baseline: 1 run, noise borrowed from the tuned side's scatter" in c.noise
+    # and the method's known spread, when it is the larger
+    c = compare("server bf16 vs default, batch 32", [1656.3], [1970.5, 1970.7],
+                known_spread=KnownSpread(0.035, "committed runs"))
+    assert c.verdict == "not judged" and c.sigma == pytest.approx(math.hypot(0.035, tuned_sigma) * c.ratio)
+    assert "instance-to-instance spread (3.5%: committed runs), the larger of the two" in c.noise
+    assert c.threshold > 0.09                                 # 2 x 1.2533 x ~4% over one run
+    # a regression on one run is not called either: one start cannot tell it from an unlucky one
+    assert compare("batch 8", [100.0, 101.0], [80.0]).verdict == "not judged"
+
+
+def test_the_other_sides_scatter_is_borrowed_when_it_is_the_larger():
+    c = compare("batch 8", [100.0, 110.0, 90.0], [104.0], known_spread=KnownSpread(0.01, "small"))
+    baseline_sigma = 20 / 1.693 / 100
+    assert c.sigma == pytest.approx(math.hypot(baseline_sigma, baseline_sigma) * c.ratio)
+    assert "tuned: 1 run, noise borrowed from the baseline side's scatter (11.8%)" in c.noise
+
+
+def test_unequal_run_counts_of_two_or_more_are_judged_on_both_sides_own_scatter():
+    b, t = [100.0, 100.2, 99.8], [104.0, 103.0]
+    c = compare("batch 64", b, t, known_spread=KnownSpread(0.5, "never used: both sides have runs"))
+    assert not c.paired and c.ratio == pytest.approx(103.5 / 100.0)
+    sb, st = 0.4 / 1.693 / 100.0, 1.0 / 1.128 / 103.5
+    assert c.sigma == pytest.approx(math.hypot(sb, st) * c.ratio)
+    assert c.threshold == pytest.approx(2 * 1.2533 * c.sigma / math.sqrt(2), rel=1e-4)
+    assert c.verdict == "gain" and "own scatter" in c.noise
 
 
 def test_bad_samples_are_refused():
@@ -97,3 +139,42 @@ def test_runs_are_grouped_per_point_and_paired_by_repeat():
     assert [c.point for c in cs] == ["one_batch 1", "serving 8"]
     assert all(c.paired and c.ratios == pytest.approx([1.04] * 3) for c in cs)
     assert all(c.verdict == "gain" for c in cs)
+
+
+def test_a_lost_run_leaves_its_point_not_judged_and_the_others_judged():
+    runs = []
+    for rep, (b, t) in enumerate([(100, 120), (101, 121), (99, 119)]):
+        for x in (1, 8):
+            for side, v in (("baseline", b), ("tuned", t)):
+                if not (x == 8 and side == "baseline" and rep > 0):       # the baseline's later starts failed at 8
+                    runs.append({"side": side, "repeat": rep, "kind": "serving", "x": x, "metrics": {"tok_s": v}})
+    cs = comparisons_from_runs(runs, "tok_s", against="shipped", known_spread=lambda kind: KnownSpread(0.03, "t"))
+    assert [(c.point, c.verdict) for c in cs] == [("serving 1", "gain"), ("serving 8", "not judged")]
+    assert all(c.against == "shipped" for c in cs) and "instance-to-instance" in cs[1].noise
+
+
+def test_the_gate_says_each_points_verdict_and_beyond_noise_at_k_of_n_per_baseline():
+    cs = [compare("batch 1", [100.0, 101, 99], [110.0, 111, 109], against="shipped"),          # gain
+          compare("batch 8", [100.0, 104, 96], [101.0, 105, 97], against="shipped"),           # within noise
+          compare("batch 1", [100.0, 101, 99], [120.0, 121, 119], against="default"),          # gain
+          compare("batch 8", [100.0], [130.0, 131], against="default")]                        # not judged
+    g = gate(cs)
+    assert [c.verdict for c in cs] == ["gain", "within noise", "gain", "not judged"]
+    assert g.passed
+    assert g.lines[0] == "tuned vs shipped: faster beyond noise at 1 of 2 points, within noise at 1"
+    assert g.lines[1] == ("tuned vs default: faster beyond noise at 1 of 2 points, not judged at 1 "
+                          "(a side with fewer than 2 runs)")
+    assert g.lines[-1] == ("gate passed: tuned is not slower than baseline beyond noise at any of 3 judged points "
+                           "(1 of 4 not judged: a side with fewer than 2 runs)")
+    assert g.points[0] == f"batch 1: +10.0% against a threshold of {cs[0].threshold:.1%} (3 tuned x 3 shipped runs): gain"
+    assert g.points[3].endswith("(2 tuned x 1 default runs): not judged")
+    assert g.to_dict()["counts"] == {
+        "shipped": {"points": 2, "gain": 1, "within noise": 1, "regression": 0, "not judged": 0},
+        "default": {"points": 2, "gain": 1, "within noise": 0, "regression": 0, "not judged": 1}}
+
+
+def test_the_gate_fails_when_no_point_could_be_judged():
+    g = gate([compare("batch 1", [100.0], [130.0]), compare("batch 8", [100.0], [90.0])])
+    assert not g.passed and g.regressions == []
+    assert g.lines[-1] == "gate FAILED: none of 2 tested points could be judged (each needs at least 2 runs per side)"
+    assert not gate([compare("batch 1", [100.0], [130.0])], allow_regression=True).passed

@@ -7,6 +7,7 @@ bad-model-dir errors of `autotune validate` (exit code 2, no process left).
 import argparse
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -156,8 +157,15 @@ def test_benchmark_exiting_non_zero_or_hanging_is_an_error_with_its_output(tmp_p
                    log_path=tmp_path / "h.log", timeout_s=1, what="one_batch_server")
     hung = int(re.search(r"hanging pid=(\d+)", (tmp_path / "h.log").read_text()).group(1))
     assert not _alive(hung)         # killed at its timeout, not waited for
-    assert run_logged([sys.executable, "-c", "print('ok')"], log_path=tmp_path / "ok.log", timeout_s=30,
-                      what="ok") >= 0
+    # success: the log holds the command line and its output, and what the command left running in
+    # its process group (a background child) is killed before run_logged returns
+    cmd = [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+           "'import time; time.sleep(600)']); print('ok, child pid=%d' % p.pid, flush=True)"]
+    run_logged(cmd, log_path=tmp_path / "ok.log", timeout_s=30, what="ok")
+    log = (tmp_path / "ok.log").read_text()
+    assert log.splitlines()[0] == "$ " + shlex.join(cmd)
+    child = int(re.search(r"ok, child pid=(\d+)", log).group(1))
+    assert not _alive(child)
 
 
 # --- autotune validate: bad input -> exit code 2, one message --------------------------------------

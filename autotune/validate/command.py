@@ -1,7 +1,7 @@
 """`autotune validate`: decode throughput, default vs tuned, through SGLang's server or the harness.
 
 Hook into the CLI with `add_parser(subparsers)` (it sets `fn=cmd_validate`). Exit codes:
-0 done (gate passed, or no --gate), 1 --gate failed (a regression beyond noise), 2 bad input or a
+0 done (gate passed, or no --gate), 1 --gate failed (a regression beyond noise, or no point judged), 2 bad input or a
 failed run (one `autotune: error: ...` line on stderr; `cmd_validate` catches its own
 ValidateError / ModelError and returns 2 itself, and no server is left running), 130 on Ctrl-C
 (or SIGTERM, turned into KeyboardInterrupt while it runs) after the running server is stopped.

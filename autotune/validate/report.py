@@ -70,13 +70,16 @@ def plot(path: Path, comparisons: list[Comparison], *, title: str, x_label: str,
 
 def comparison_table(comparisons: list[Comparison], extra_cols: dict[str, dict[str, str]] | None = None) -> str:
     extra_cols = extra_cols or {}
-    head = ["point", "baseline (median, spread)", "tuned (median, spread)", "tuned/baseline", "threshold", "verdict"]
+    head = ["point", "baseline (median, spread)", "tuned (median, spread)", "tuned/baseline", "threshold",
+            "runs (tuned x baseline)", "verdict"]
     head += list(extra_cols)
     rows = []
     for c in comparisons:
+        borrowed = "borrowed" in c.noise
         row = [c.point, f"{c.baseline_median:.1f} {c.unit} ({c.baseline_spread:.1%})",
                f"{c.tuned_median:.1f} {c.unit} ({c.tuned_spread:.1%})", f"{c.ratio:.3f} ({c.gain:+.1%})",
-               f"{c.threshold:.1%}" + ("" if c.sigma is not None else " (noise n/a)"), c.verdict]
+               f"{c.threshold:.1%}" + (" (noise n/a)" if c.sigma is None else " (noise borrowed)" if borrowed else ""),
+               f"{len(c.tuned)} x {len(c.baseline)}", c.verdict]
         row += [col.get(c.point, "-") for col in extra_cols.values()]
         rows.append(row)
     return _md_table(head, rows)
@@ -148,6 +151,10 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
     write_json(paths["json"], record)
     md = [f"# Validation: {title}", "", *intro, ""]
     md += [comparison_table(comparisons, extra_cols), ""]
+    if any("borrowed" in c.noise for c in comparisons):
+        md += ["(noise borrowed): a side with one run has no scatter of its own; it takes the larger of the other "
+               "side's scatter and the method's known instance-to-instance spread (per point in validation.json, "
+               "`comparisons[].noise`), and one run cannot be judged: such a point is \"not judged\".", ""]
     gate = record.get("gate")
     if gate:
         md += ["**Gate:** " + "  \n".join(gate["lines"]), ""]

@@ -16,6 +16,7 @@ that did not load the tuned folder's file, a default run that found a file) is r
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -23,9 +24,18 @@ from pathlib import Path
 
 from ..fsutil import save_figure
 from . import BenchmarkError
-from .gate import Comparison, comparisons_from_runs
+from .gate import Comparison, KnownSpread, comparisons_from_runs, relative_sigma
 
 ARMS = ("default", "shipped", "tuned")
+MEASURED_BY = {"one_batch": "bench_one_batch", "server": "server"}
+# What a one-run arm borrows as its noise (gate.KnownSpread): the relative sigma of one run of each
+# method on the lent H200, pooled (root mean square) over every (SGLang release, dtype, arm, batch) with
+# two or more runs in the committed runs. tests/test_server_arms.py recomputes both from those tarballs
+# with instance_spread() and fails when they drift from what the data says.
+_SPREAD_FROM = ("benchmarks/data/h200_sglang016_arms*_2026-12-02.tgz and h200_sglang023_arms_2026-12-02.tgz, "
+                "{n} (release, dtype, arm, batch) groups with 2-3 runs, root mean square of their relative sigmas")
+INSTANCE_SPREAD = {"one_batch": KnownSpread(0.031, "SGLang bench_one_batch on the H200: " + _SPREAD_FROM.format(n=54)),
+                   "server": KnownSpread(0.035, "SGLang server + probe on the H200: " + _SPREAD_FROM.format(n=18))}
 RUN_NAME = re.compile(r"^(?P<mode>one_batch|server)_(?P<dtype>\w+?)_r(?P<rep>\d+)_(?P<arm>default|shipped|tuned)$")
 # SGLang 0.5.16-0.5.23, fused_moe_triton_config.get_moe_configs / try_get_optimal_moe_config.
 # A path runs to ".json" and may hold a space (block-FP8 files end in "block_shape=[128, 128].json").
@@ -180,17 +190,33 @@ def run_environment(folder: str | Path) -> dict:
 
 def comparisons(runs: list[ArmRun], baseline: str, *, min_effect: float = 0.01) -> list[Comparison]:
     """tuned vs `baseline` per (measurement, dtype, batch), decode tokens/s, paired by repeat
-    (gate.comparisons_from_runs: the same pairing and noise rule as every other validation)."""
-    label = {"one_batch": "bench_one_batch", "server": "server"}
+    (gate.comparisons_from_runs: the same pairing and noise rule as every other validation); a
+    one-run arm borrows its method's INSTANCE_SPREAD."""
     records = [{"side": "baseline" if r.arm == baseline else "tuned", "repeat": r.repeat,
-                "kind": (label[r.mode], r.dtype), "x": b, "metrics": {"tok_s": v["tok_s"]}}
+                "kind": (r.mode, r.dtype), "x": b, "metrics": {"tok_s": v["tok_s"]}}
                for r in runs if r.arm in (baseline, "tuned") for b, v in r.per_batch.items()]
-    out = comparisons_from_runs(records, "tok_s", unit="tok/s", min_effect=min_effect,
-                                label=lambda kind, x: f"{kind[0]} {kind[1]} vs {baseline}, batch {x}")
+    out = comparisons_from_runs(records, "tok_s", unit="tok/s", min_effect=min_effect, against=baseline,
+                                label=lambda kind, x: f"{MEASURED_BY[kind[0]]} {kind[1]} vs {baseline}, batch {x}",
+                                known_spread=lambda kind: INSTANCE_SPREAD[kind[0]])
     for c in out:
         what, dtype = c.point.split(" vs ")[0].split(" ", 1)
-        c.extra = {"mode": next(m for m, n in label.items() if n == what), "dtype": dtype, "baseline_arm": baseline}
+        c.extra = {"mode": next(m for m, n in MEASURED_BY.items() if n == what), "dtype": dtype,
+                   "baseline_arm": baseline}
     return out
+
+
+def instance_spread(run_sets: list[list[ArmRun]], mode: str) -> tuple[float, int]:
+    """One run's relative sigma for `mode`, pooled (root mean square) over every (set, dtype, arm,
+    batch) with two or more runs; each set is one release's runs. Returns (sigma, groups)."""
+    sigmas = []
+    for runs in run_sets:
+        groups: dict[tuple, list[float]] = {}
+        for r in runs:
+            if r.mode == mode:
+                for b, v in r.per_batch.items():
+                    groups.setdefault((r.dtype, r.arm, b), []).append(v["tok_s"])
+        sigmas += [relative_sigma(xs) for xs in groups.values() if len(xs) >= 2]
+    return math.sqrt(sum(s * s for s in sigmas) / len(sigmas)), len(sigmas)
 
 
 def table(runs: list[ArmRun]) -> list[dict]:
