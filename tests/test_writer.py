@@ -227,6 +227,16 @@ def test_install_refuses_a_users_rank_file_and_a_cache_dir_that_is_a_file(tmp_pa
     assert "is a file" in _refused(capsys, rc)
 
 
+def test_install_refuses_an_sglang_cache_dir_that_is_a_file(tmp_path, capsys, monkeypatch):
+    from tests.test_flashinfer_install import model_folder, tuned_folder
+
+    folder, model = tuned_folder(tmp_path), model_folder(tmp_path)
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(_user(tmp_path / "not-a-folder")))
+    rc = main(["install", str(folder), "--model-path", str(model), "--tp", "2"])
+    assert "SGLANG_CACHE_DIR must name a folder" in _refused(capsys, rc)
+    assert (tmp_path / "not-a-folder").read_bytes() == USER
+
+
 def test_validate_refuses_a_users_report_before_any_run(tmp_path, capsys):
     from tests.test_publish import tuned
 
