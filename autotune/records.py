@@ -96,6 +96,8 @@ class Measurement:
                 raise ValueError(f"measurement {name} must be a finite non-negative number, got {v!r:.30}")
         if self.ok and self.time_us is None:
             raise ValueError("an ok measurement without time_us")
+        if self.compile_s is None or self.bench_s is None:
+            raise ValueError("measurement compile_s and bench_s must be numbers (0 where nothing ran)")
         if type(self.samples) is not int or (self.tactics is not None and not isinstance(self.tactics, list)):
             raise ValueError("measurement samples must be an integer and tactics a list")
 

@@ -30,6 +30,11 @@ def pytest_configure(config):
         folder = tempfile.mkdtemp(prefix="autotune-test-cache-")
         os.environ["AUTOTUNE_CACHE_DIR"] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    # hypothesis keeps its caches (unicode tables) in ./.hypothesis: here, in a folder of the session's
+    if "PYTEST_XDIST_WORKER" not in os.environ and "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+        home = tempfile.mkdtemp(prefix="autotune-test-hypothesis-")
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = home
+        config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
 
 
 # Tests never write into the checkout (a ./autotune.db, a tuned_configs/replay/, a .hypothesis/ left
