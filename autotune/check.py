@@ -56,13 +56,14 @@ def read_provenance(folder: str | Path) -> dict:
         raise CheckError(f"{folder} is not a folder")
     try:
         prov = json.loads(prov_path.read_text())
-        files = prov["files"]
-        if not isinstance(files, dict):
-            raise TypeError
     except FileNotFoundError:
         raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__})") from None
+    except (OSError, ValueError) as e:
+        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__}: {e})") from None
+    from .config_files import provenance_problem
+    why = provenance_problem(prov)
+    if why:
+        raise CheckError(f"{prov_path} is not autotune provenance ({why}); fix it or re-export the folder")
     return prov
 
 
@@ -139,11 +140,20 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
 
 
 def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime_gpu: bool = False,
-                 timer=None, batch_sizes=None) -> tuple[int, list[str]]:
+                 timer=None, batch_sizes=None, loader="sglang") -> tuple[int, list[str]]:
+    from .config_files import file_problems, sglang_loads
+
     prov = read_provenance(folder)
     targets = _targets(version_spec)
     lines, bad = [], 0
+    # the files themselves: there, unchanged since export, in SGLang's schema, loaded by SGLang's loader
+    broken = file_problems(folder, prov, sglang_loads if loader == "sglang" else loader)
+    for name, why in broken.items():
+        bad += 1
+        lines.append(f"drift: {name}: {why}")
     for name, why in file_drift(prov, targets).items():
+        if name in broken:
+            continue
         if why:
             bad += 1
             lines.append(f"{name}: {why[0]}; re-export with --sglang-version "

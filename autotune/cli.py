@@ -9,8 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli_common import (EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError,  # noqa: F401
-                         _parse_duration, _print_shared, _selection)
+from .cli_common import EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError, _print_shared, _selection  # noqa: F401
 from .cli_parser import build_parser
 
 
@@ -36,15 +35,24 @@ def _open_device(args, kernels=("triton_moe",)):
             raise UsageError(str(e))
         pool = ReplayPool(cache, realtime=getattr(args, "replay_realtime", 0.0) or 0.0)
         device = pool.device
+    elif getattr(args, "target_device", None):
+        try:
+            device, gpus = devmod.planned_gpu(args.target_device), [0]
+        except devmod.NoDeviceError as e:
+            raise UsageError(str(e)) from None
     elif os.environ.get("AUTOTUNE_CPU_INTERPRETER") == "1":
         device, gpus = devmod.cpu_interpreter(), [0]
     else:
         try:
             device = devmod.detect()
         except devmod.NoDeviceError:
-            raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on")
+            raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on" +
+                             ("; plan for a GPU model with --target-device NAME (e.g. 'NVIDIA H200')"
+                              if getattr(args, "dry_run", False) else "")) from None
         gpus = list(range(device.gpu_count)) if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
-    if not args.replay:
+        if any(g >= device.gpu_count for g in gpus):
+            raise UsageError(f"--gpus {args.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
+    if not args.replay and device.kind != "planned":
         from .kernels.triton_moe import tma_supported
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
     options = _family_options(args, device)
@@ -180,8 +188,12 @@ def cmd_run(args) -> int:
     from .cli_triton import run_triton_moe, sku_names
     from .plan import PlanError, parse_kernels
 
-    budget = _parse_duration(args.budget) if args.budget else None
-    _check_counts(args)
+    budget = args.budget            # seconds (autotune.inputs.seconds)
+    if args.target_device and not args.dry_run:
+        raise UsageError("--target-device plans a run for a GPU model: it needs --dry-run (a run measures on the "
+                         "GPU it finds, or replays --replay)")
+    if args.target_device and args.replay:
+        raise UsageError("--target-device and --replay both name the device: give one")
     _check_record_file(args.record)
     _warm_start(args)
     try:
@@ -210,15 +222,21 @@ def cmd_run(args) -> int:
         print(f"nothing drifted in {args.only_drifted}: every file fits this machine and SGLang "
               f"{', '.join(_targets(args))}; nothing to re-tune")
         return 0
-    sku_names(args, device)
+    skus = sku_names(args, device)
     _check_record_device(args.record, device)
     from .scope import scope
-    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache).lines:
+    if args.dry_run:
+        print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
+              + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
+              .get(device.kind, ""))
+    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache, device).lines:
         print(line)
     if args.dry_run:
+        for line in _default_scope_note(args):
+            print(line)
         return 0
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name)
+    storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
     from .run_lock import run_lock
     from .study import DEFAULT_STORAGE
     with pool, run_lock(storage, args.storage or DEFAULT_STORAGE, run_name):
@@ -238,9 +256,6 @@ def cmd_run(args) -> int:
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
         if "triton_moe" in kernels:
             _print_shared(exp)
-        if not any(fp.problems for fp in plans):
-            raise UsageError("nothing to tune on this device: " + "; ".join(
-                f"{fp.name}: {fp.unsupported}" for fp in plans if fp.unsupported))
         from .study import Clock
         clock = Clock(pool)
         dev_name = run_name
@@ -255,17 +270,74 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _default_scope_note(args) -> list[str]:
+    """What the defaults chose, said where the user chose none of it (the default qwen3.5 scope is
+    about 1.6 h of Triton measurements alone on an H200)."""
+    from . import models
+    from .plan import KERNELS
+
+    said = []
+    if not args.model and not args.model_config and not args.only_drifted:
+        fam = args.shapes or "qwen3.5"
+        said.append(f"the {fam} family ({', '.join(m.name for m in models.select_models(fam))})")
+    if tuple(args.tp) == (1, 2, 4, 8):
+        said.append("every TP size (1,2,4,8)")
+    if not args.dtype:
+        said.append("every dtype the GPU supports")
+    if args.kernels in (None, "all"):
+        said.append(f"every kernel family ({', '.join(KERNELS)})")
+    if not said:
+        return []
+    return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
+            "--kernels triton_moe, or bound it with --budget 1h"]
+
+
+SUMMARY_OURS = ("command", "device")
+
+
+def _outputs_then_storage(args, device, pool, plans, skus, run_name):
+    """In this order, so that a refusal changes nothing: something to tune, every output writable
+    by us, then the storage opened and claimed. The pool is closed on a refusal."""
+    try:
+        if not any(fp.problems for fp in plans):
+            raise UsageError("nothing to tune on this device: " + "; ".join(
+                f"{fp.name}: {fp.unsupported or 'no problems'}" for fp in plans))
+        _check_outputs(args, device, plans, skus)
+        return _storage(args, device, run_name)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+
+
+def _check_outputs(args, device, plans, skus=()) -> None:
+    """Every file the run will write, checked before anything is measured: a file there that
+    autotune did not write is refused (NotOurs, exit 2) unless --force; a folder that holds results
+    measured another way is refused."""
+    from .export import server_args
+    from .export.sglang import ExportError, export_targets
+    from .fsutil import claim, json_with
+
+    try:
+        for fp in plans:
+            if fp.name == "triton_moe" and fp.problems:
+                export_targets(args.out, device, fp.problems, skus)
+        if any(fp.name != "triton_moe" and fp.problems for fp in plans):
+            server_args.check_folder(args.out, device)
+            from .export.tactics import BLOCKLIST_FILE, CACHE_FILE
+            folder = Path(args.out) / device.file_name
+            claim(folder / BLOCKLIST_FILE, json_with("invalid_tactics"))
+            claim(folder / CACHE_FILE, json_with("_metadata"))
+    except (ExportError, server_args.ChoicesError) as e:
+        raise UsageError(str(e)) from None
+    if getattr(args, "json", None):
+        claim(args.json, json_with(*SUMMARY_OURS), "--json")
+
+
 def _no_bar(args) -> bool:
     """Progress bars only on a terminal: in a log file they are thousands of carriage returns. The
     one-line summary after each problem is printed either way."""
     return bool(args.quiet) or getattr(args, "log_level", "info") == "warning" or not sys.stderr.isatty()
-
-
-def _check_counts(args) -> None:
-    for flag, value, least in (("--trials", args.trials, 1), ("--workers", args.workers, 1),
-                               ("--neighbours", args.neighbours, 0), ("--routings", args.routings, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be at least {least}, got {value}")
 
 
 def _check_record_file(path) -> None:
@@ -335,9 +407,9 @@ def _summary(args) -> dict:
 
 def _write_summary(args, device) -> None:
     if getattr(args, "json", None):
-        from .fsutil import write_json
+        from .fsutil import json_with, write_json
         write_json(args.json, {**_summary(args), "device": device.name, "replay": device.is_replay,
-                               "out": str(Path(args.out) / device.file_name)})
+                               "out": str(Path(args.out) / device.file_name)}, ours=json_with(*SUMMARY_OURS))
         print(f"wrote {args.json} (summary of the run)")
 
 
@@ -365,18 +437,17 @@ def cmd_worker(args) -> int:
 
     from .study import Clock, ProblemTuner
 
-    budget = _parse_duration(args.budget) if args.budget else None
-    _check_counts(args)
+    budget = args.budget            # seconds (autotune.inputs.seconds)
     _warm_start(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name, shared=True)
-    settings = _triton_settings(args, budget)
-    clock = Clock(pool)
     with pool:
         fp = plans[0]
-        if not fp.problems:
+        if not fp.problems:          # before the storage is opened: nothing changes in it
             raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
+        storage = _storage(args, device, run_name, shared=True)
+        settings = _triton_settings(args, budget)
+        clock = Clock(pool)
         for p in fp.problems:
             with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
                       desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
@@ -397,11 +468,10 @@ def cmd_export(args) -> int:
 
     if args.out is None:
         args.out = "tuned_configs/replay" if args.replay else "tuned_configs"
-    _check_counts(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
-    sku_names(args, device)
+    skus = sku_names(args, device)
     run_name = _run_name(args, device)
-    storage = _storage(args, device, run_name)
+    storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
     settings = _triton_settings(args, None)
     clock = Clock(pool)
     with pool:
@@ -428,18 +498,19 @@ def cmd_record(args) -> int:
     from .records import Cache, CacheError, read_cache, write_cache
     from .worker import Task, run_tasks
 
-    budget = _parse_duration(args.budget) if args.budget else None
-    device, pool, _, _, plans = _open_device(args)
-    if device.is_replay:
+    budget = args.budget
+    if args.replay:
         raise UsageError("record measures on a GPU; --replay makes no sense here")
-    family = get_family("triton_moe", space_path=args.search_space)
-    try:
-        cache = read_cache(args.cache) if Path(args.cache).exists() else Cache(device.to_dict())
+    try:                     # the cache it extends is read before any worker starts
+        old = read_cache(args.cache) if Path(args.cache).exists() else None
     except CacheError as e:
-        raise UsageError(str(e))
+        raise UsageError(f"--cache {e}; refusing to overwrite it (name a new file)") from None
+    device, pool, _, _, plans = _open_device(args)
+    family = get_family("triton_moe", space_path=args.search_space)
+    cache = old or Cache(device.to_dict())
     cache.device = device.to_dict()
     cache.notes["compile_workers"] = len(pool.slots)
-    shard, nshard = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
+    shard, nshard = args.shard or (0, 1)
     problems = plans[0].problems
     with pool:
         for p, why in plans[0].skipped:
@@ -492,12 +563,18 @@ def cmd_record(args) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    from .fsutil import FileFormatError
+    from .fsutil import FileFormatError, forcing
     from .models import ModelError
     from .run_lock import RunLocked
     from .spaces import SpaceError
 
-    args = build_parser().parse_args(argv)
+    from .inputs import BadInput, one_line
+
+    try:
+        args = build_parser().parse_args(argv)
+    except BadInput as e:
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     stop = _on_sigterm_interrupt()
     if getattr(args, "log_level", None) == "debug":
         import importlib
@@ -506,9 +583,10 @@ def main(argv=None) -> int:
         importlib.import_module("autotune.study")    # it quietens Optuna on import: first
         optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
-        return args.fn(args)
+        with forcing(getattr(args, "force", False)):
+            return args.fn(args)
     except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
         import optuna

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import re
+
+from . import inputs
+from .models import MAX_BATCH
 
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE_LOST = 3
@@ -12,23 +14,18 @@ class UsageError(Exception):
     """Bad input: one line on stderr, exit code 2."""
 
 
-def _parse_duration(text: str) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
-    if not m:
-        raise UsageError(f"--budget must look like 90s, 20m or 1.5h, got {text!r}")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
 def _add_selection(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to tune")
     g.add_argument("--shapes", help="a model family preset: qwen3.5 (default) or qwen3-next")
     g.add_argument("--model", help="one preset, e.g. qwen3.5-397b-a17b")
-    g.add_argument("--model-config", help="any HF config.json of a MoE model (or its folder)")
-    g.add_argument("--tp", default="1,2,4,8", help="tensor-parallel sizes (list)")
-    g.add_argument("--ep", default="1", help="expert-parallel sizes (list)")
+    g.add_argument("--model-config", type=inputs.path, help="any HF config.json of a MoE model (or its folder)")
+    g.add_argument("--tp", type=inputs.int_list(), default="1,2,4,8", help="tensor-parallel sizes (list)")
+    g.add_argument("--ep", type=inputs.int_list(), default="1", help="expert-parallel sizes (list)")
     g.add_argument("--dtype", help="bf16,fp8_w8a8_block,fp8_w8a8 (default: all the GPU supports)")
-    g.add_argument("--batch-sizes", help="token counts M (default: SGLang's 18, 1..4096)")
-    g.add_argument("--search-space", help="search space YAML (default search_spaces/triton_moe.yaml)")
+    g.add_argument("--batch-sizes", type=inputs.int_list(MAX_BATCH),
+                   help="token counts M (default: SGLang's 18, 1..4096)")
+    g.add_argument("--search-space", type=inputs.path,
+                   help="search space YAML (default search_spaces/triton_moe.yaml)")
 
 
 def _selection(args):

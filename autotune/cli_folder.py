@@ -81,8 +81,10 @@ def cmd_publish(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from .records import CacheError, merge_caches, write_cache
+    from .fsutil import claim
+    from .records import CACHE_OURS, CacheError, merge_caches, write_cache
 
+    claim(args.output, CACHE_OURS, "-o")     # a file there must be a measurement cache (it is replaced)
     try:
         cache = merge_caches(args.caches)
     except CacheError as e:
@@ -121,6 +123,8 @@ def cmd_rank_model(args) -> int:
 
     if bool(args.model) == bool(args.model_config):
         raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
+    if args.model_config:
+        models.model_from_hf_config(args.model_config)      # validated once; the rank keeps every other key
     hf = (models.read_hf_config(args.model_config) if args.model_config
           else qwen35_hf_config(models.select_models(model=args.model)[0]))
     folder = write_rank_model(args.out, hf, args.tp, args.layers, args.fp8_block)
@@ -143,6 +147,9 @@ def cmd_compile_limits(args) -> int:
         devmod.planned(args.target_sm)
     except devmod.NoDeviceError as e:
         raise UsageError(str(e)) from None
+    from .fsutil import claim, json_with
+    from .kernels.cross_compile import COMPILED_DIR
+    claim(Path(args.out) if args.out else COMPILED_DIR / f"sm{args.target_sm}.json", json_with("sm", "records"), "--out")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
     exp = _problems(args)
@@ -155,13 +162,9 @@ def cmd_compile_limits(args) -> int:
 
 def cmd_check(args) -> int:
     from . import device as devmod
-    from . import models
     from .check import CheckError, check_folder
 
-    try:
-        Ms = models.parse_int_list(args.batch_sizes, "--batch-sizes", models.MAX_BATCH) if args.batch_sizes else None
-    except models.ModelError as e:
-        raise UsageError(str(e)) from None
+    Ms = args.batch_sizes                 # parsed by the flag's type (autotune.inputs)
     try:
         machine = devmod.detect()
     except devmod.NoDeviceError:
@@ -185,6 +188,7 @@ def cmd_merge_choices(args) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
     try:
+        server_args.check_merge(args.sources, args.out)      # every source, before anything is written
         for src in args.sources:
             path = server_args.merge_folder(src, args.out)
     except server_args.ChoicesError as e:

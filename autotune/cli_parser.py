@@ -1,19 +1,19 @@
 """The `autotune` command line: every subcommand's flags (the commands live in cli.py and cli_folder.py)."""
 from __future__ import annotations
 
-import argparse
-
+from . import inputs
 from .cli_common import _add_selection
+from .models import MAX_BATCH
 
 
 def _add_search_args(p) -> None:
     g = p.add_argument_group("search")
-    g.add_argument("--trials", type=int, help="measured trials per (GEMM, M) study (default 40)")
-    g.add_argument("--neighbours", type=int, default=1, help="also measure each trial at this many adjacent M")
+    g.add_argument("--trials", type=inputs.count(1), help="measured trials per (GEMM, M) study (default 40)")
+    g.add_argument("--neighbours", type=inputs.count(0), default=1, help="also measure each trial at this many adjacent M")
     g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
-    g.add_argument("--study", help="run name the studies are filed under (default: the GPU's name)")
+    g.add_argument("--study", type=inputs.path, help="run name the studies are filed under (default: the GPU's name)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument("--warm-start", metavar="SOURCE",
+    g.add_argument("--warm-start", metavar="SOURCE", type=inputs.path,
                    help="begin each new study with the best configs of another GPU's or shape's study: a "
                         "measurement cache (--record file) or an Optuna storage URL holding triton_moe studies")
     g.add_argument("--sglang-version", metavar="VERSIONS",
@@ -23,8 +23,8 @@ def _add_search_args(p) -> None:
 
 
 def _add_storage_and_out(p) -> None:
-    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
-    p.add_argument("--out", help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
+    p.add_argument("--storage", type=inputs.path, help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", type=inputs.path, help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--device-name", action="append", metavar="NAME",
                    help="also write the tuned files under another SKU's name of the same chip, as "
                         "torch.cuda.get_device_name() prints it (repeatable), e.g. 'NVIDIA RTX PRO 6000 Blackwell "
@@ -35,19 +35,24 @@ def _add_device_args(p) -> None:
     g = p.add_argument_group("device")
     g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU (several "
                    "recordings of one GPU model: comma-separated, merged)")
-    g.add_argument("--gpus", default="0", help="GPU indices to use, or 'all'")
-    g.add_argument("--workers", type=int, help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
-    g.add_argument("--timeout", type=float, default=300.0, help="seconds without progress before a trial is killed")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--skew", type=float, default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
-    g.add_argument("--routings", type=int, default=10, help="routing sets per timed graph")
+    g.add_argument("--gpus", type=inputs.gpus, default="0", help="GPU indices to use, or 'all'")
+    g.add_argument("--workers", type=inputs.count(1), help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
+    g.add_argument("--timeout", type=inputs.number(positive=True), default=300.0, help="seconds without progress before a trial is killed")
+    g.add_argument("--seed", type=inputs.count(0), default=0)
+    g.add_argument("--skew", type=inputs.number(0), default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
+    g.add_argument("--routings", type=inputs.count(1), default=10, help="routing sets per timed graph")
     g.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                    help="warning: no progress bars; debug: Optuna's own log and the workers' output on the terminal")
-    g.add_argument("--worker-log", metavar="FILE",
+    g.add_argument("--worker-log", metavar="FILE", type=inputs.path,
                    help="where measurement processes write (compiler dumps, full errors); default a new file "
                         "in the temp folder, named at the start")
-    g.add_argument("--replay-realtime", type=float, default=0.0,
+    g.add_argument("--replay-realtime", type=inputs.number(0), default=0.0,
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
+
+
+def add_force(p) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace files autotune did not write where it writes its own (refused without it)")
 
 
 def _version() -> str:
@@ -58,18 +63,18 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> inputs.Parser:
     from .cli import cmd_export, cmd_record, cmd_run, cmd_worker
     from .cli_folder import (cmd_check, cmd_compile_limits, cmd_install, cmd_merge, cmd_merge_choices,
                              cmd_publish, cmd_rank_model, cmd_shapes)
 
-    ap = argparse.ArgumentParser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
+    ap = inputs.Parser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
     ap.add_argument("--version", action="version", version=f"autotune {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("shapes", help="print the problems a run would tune")
     _add_selection(p)
-    p.add_argument("--target-sm", type=int, action="append",
+    p.add_argument("--target-sm", type=inputs.sm, action="append",
                    help="also show how many configs each architecture admits (repeatable: 90, 100, 120)")
     p.set_defaults(fn=cmd_shapes)
 
@@ -77,13 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
-    p.add_argument("--budget", help="device time for the whole run, e.g. 20m")
+    p.add_argument("--budget", type=inputs.seconds, help="device time for the whole run, e.g. 20m (a unit is needed: 90s, 20m, 1.5h)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be tuned and the estimated device time, measure and write nothing")
+    p.add_argument("--target-device", metavar="NAME", type=inputs.path,
+                   help="with --dry-run: plan for this GPU model (as torch.cuda.get_device_name() prints it, e.g. "
+                        "'NVIDIA H200'), on any machine; default: the GPU here")
     _add_storage_and_out(p)
-    p.add_argument("--record", help="also write every measurement to this cache file")
-    p.add_argument("--json", metavar="FILE", help="also write a machine-readable summary of the run here")
-    p.add_argument("--only-drifted", metavar="FOLDER",
+    p.add_argument("--record", type=inputs.path, help="also write every measurement to this cache file")
+    p.add_argument("--json", metavar="FILE", type=inputs.path, help="also write a machine-readable summary of the run here")
+    p.add_argument("--only-drifted", metavar="FOLDER", type=inputs.path,
                    help="re-tune only the files of this exported folder that `autotune check` calls drifted (another "
                         "GPU or Triton, or an SGLang release in --sglang-version they do not run in); the problems "
                         "come from its provenance, the files go back into it")
@@ -97,17 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "moe_bf16:flashinfer_cutlass where its CUTLASS MoE JIT build is not cached yet)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
+    add_force(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
     _add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
-    p.add_argument("--storage", required=True, help="shared Optuna storage URL, e.g. postgresql://...")
-    p.add_argument("--gpu", dest="gpus", default="0", help="the GPU this worker measures on")
-    p.add_argument("--heartbeat", type=int, default=10,
+    p.add_argument("--storage", required=True, type=inputs.path, help="shared Optuna storage URL, e.g. postgresql://...")
+    p.add_argument("--gpu", dest="gpus", type=inputs.gpus, default="0", help="the GPU this worker measures on")
+    p.add_argument("--heartbeat", type=inputs.count(1), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")
-    p.add_argument("--budget", help="stop asking after this much device time, e.g. 20m")
+    p.add_argument("--budget", type=inputs.seconds, help="stop asking after this much device time, e.g. 20m")
     p.set_defaults(fn=cmd_worker)
 
     p = sub.add_parser("export", help="select and write SGLang's files from a (shared) study")
@@ -116,78 +125,86 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_args(p)
     _add_storage_and_out(p)
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
+    add_force(p)
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
-    p.add_argument("--to", required=True, help="serving repo: a local working tree, or a git URL to clone and push")
-    p.add_argument("--from", dest="src", help="tuned folder (default: the one under tuned_configs/)")
+    p.add_argument("--to", required=True, type=inputs.path, help="serving repo: a local working tree, or a git URL to clone and push")
+    p.add_argument("--from", dest="src", type=inputs.path, help="tuned folder (default: the one under tuned_configs/)")
     p.add_argument("--branch", help="new branch (default tuned/<device>)")
-    p.add_argument("--path", help="folder inside the serving repo (default tuned_configs/<device>)")
+    p.add_argument("--path", type=inputs.path, help="folder inside the serving repo (default tuned_configs/<device>)")
+    add_force(p)
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
     _add_selection(p)
     _add_device_args(p)
-    p.add_argument("--cache", required=True, help="cache file to extend (resumes: measured keys are skipped)")
-    p.add_argument("--budget", help="stop submitting after this much wall time, e.g. 8m")
-    p.add_argument("--shard", help="i/n: take every n-th config starting at i")
+    p.add_argument("--cache", required=True, type=inputs.path, help="cache file to extend (resumes: measured keys are skipped)")
+    p.add_argument("--budget", type=inputs.seconds, help="stop submitting after this much wall time, e.g. 8m")
+    p.add_argument("--shard", type=inputs.shard, help="i/n: take every n-th config starting at i")
     p.add_argument("--quiet", action="store_true")
+    add_force(p)
     p.set_defaults(fn=cmd_record)
 
     p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
-    p.add_argument("caches", nargs="+")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("caches", nargs="+", type=inputs.path)
+    p.add_argument("-o", "--output", required=True, type=inputs.path)
+    add_force(p)
     p.set_defaults(fn=cmd_merge)
 
     p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
                                              "one server_args.yaml")
-    p.add_argument("sources", nargs="+", help="tuned folders (<out>/<device>) or backend_choice.json files")
-    p.add_argument("--out", default="tuned_configs", help="folder holding <device>/server_args.yaml")
+    p.add_argument("sources", nargs="+", type=inputs.path, help="tuned folders (<out>/<device>) or backend_choice.json files")
+    p.add_argument("--out", default="tuned_configs", type=inputs.path, help="folder holding <device>/server_args.yaml")
+    add_force(p)
     p.set_defaults(fn=cmd_merge_choices)
 
     p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
                                               "needed) and record the exact shared memory each needs")
     _add_selection(p)
-    p.add_argument("--target-sm", type=int, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
-    p.add_argument("--out", help="record file (default search_spaces/compiled/sm<XY>.json)")
+    p.add_argument("--target-sm", type=inputs.sm, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
+    p.add_argument("--out", type=inputs.path, help="record file (default search_spaces/compiled/sm<XY>.json)")
+    add_force(p)
     p.set_defaults(fn=cmd_compile_limits)
 
     p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
-    p.add_argument("folder", help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
+    p.add_argument("folder", type=inputs.path, help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
     p.add_argument("--sglang-version", metavar="VERSIONS",
                    help="the serving SGLang release(s) (default: the one installed here)")
     p.add_argument("--no-retime", action="store_true",
                    help="on a GPU, compare versions only: do not re-time the files against SGLang's shipped and "
                         "default configs")
-    p.add_argument("--batch-sizes", default=None,
+    p.add_argument("--batch-sizes", default=None, type=inputs.int_list(MAX_BATCH),
                    help="batch sizes to re-time (default: 1, 32, 256, 4096 where the file holds them)")
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "
                                        "start-up (one identical file per rank)")
-    p.add_argument("folder", help="tuned folder holding flashinfer_autotune_cache.json")
-    p.add_argument("--model-path", required=True, help="the server's --model-path, exactly as given to it")
-    p.add_argument("--tp", type=int, required=True, help="the server's --tp")
-    p.add_argument("--pp", type=int, default=1, help="the server's --pp (default 1)")
-    p.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel size (default 1)")
-    p.add_argument("--ep", type=int, default=1, help="the server's MoE expert-parallel size (default 1)")
+    p.add_argument("folder", type=inputs.path, help="tuned folder holding flashinfer_autotune_cache.json")
+    p.add_argument("--model-path", required=True, type=inputs.path, help="the server's --model-path, exactly as given to it")
+    p.add_argument("--tp", type=inputs.count(1), required=True, help="the server's --tp")
+    p.add_argument("--pp", type=inputs.count(1), default=1, help="the server's --pp (default 1)")
+    p.add_argument("--attn-dp", type=inputs.count(1), default=1, help="attention data-parallel size (default 1)")
+    p.add_argument("--ep", type=inputs.count(1), default=1, help="the server's MoE expert-parallel size (default 1)")
     p.add_argument("--dtype", default="bfloat16", help="the model dtype the server resolves (default bfloat16)")
     p.add_argument("--quantization", help="SGLang's resolved quantization ('none' for none; default: read from "
                                           "the model folder's config.json)")
     p.add_argument("--moe-runner-backend", help="as the server resolves it (default: the folder's server_args.yaml)")
     p.add_argument("--hf-config-class", help="transformers' config class (default: read from the model folder)")
     p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
-    p.add_argument("--cache-dir", help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
+    p.add_argument("--cache-dir", type=inputs.path, help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
+    add_force(p)
     p.set_defaults(fn=cmd_install)
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")
     p.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
-    p.add_argument("--model-config", help="any HF config.json (or its folder)")
-    p.add_argument("--tp", type=int, required=True, help="the deployment's tensor-parallel size")
-    p.add_argument("--layers", type=int, help="keep only this many layers (default: all)")
+    p.add_argument("--model-config", type=inputs.path, help="any HF config.json (or its folder)")
+    p.add_argument("--tp", type=inputs.count(1), required=True, help="the deployment's tensor-parallel size")
+    p.add_argument("--layers", type=inputs.count(1), help="keep only this many layers (default: all)")
     p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
-    p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--out", required=True, type=inputs.path, help="folder to write")
+    add_force(p)
     p.set_defaults(fn=cmd_rank_model)
 
     from .validate.command import add_parser as add_validate_parser

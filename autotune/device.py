@@ -14,6 +14,15 @@ SMEM_OPTIN = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 103: 
 SM_NAMES = {90: "NVIDIA H200", 100: "NVIDIA B200", 120: "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 
+# torch.cuda.get_device_name() of the GPUs a run can be planned for without one (`run --dry-run
+# --target-device NAME`), with their compute capability.
+KNOWN_GPUS = {"NVIDIA H200": 90, "NVIDIA H200 NVL": 90, "NVIDIA H100 80GB HBM3": 90, "NVIDIA H100 NVL": 90,
+              "NVIDIA H100 PCIe": 90, "NVIDIA B200": 100,
+              "NVIDIA RTX PRO 6000 Blackwell Server Edition": 120,
+              "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": 120,
+              "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": 120}
+
+
 class NoDeviceError(RuntimeError):
     pass
 
@@ -116,6 +125,17 @@ def planned(sm: int) -> DeviceInfo:
     if sm not in SMEM_OPTIN:
         raise NoDeviceError(f"unknown compute capability {sm}; known: {sorted(SMEM_OPTIN)}")
     return DeviceInfo(name=SM_NAMES.get(sm, f"sm{sm}"), sm=sm, smem_optin=SMEM_OPTIN[sm], kind="planned")
+
+
+def planned_gpu(name: str) -> DeviceInfo:
+    """A GPU model a run is planned for here (nothing is measured): its name, SM and shared memory,
+    the software of this machine."""
+    sm = KNOWN_GPUS.get(name.strip())
+    if sm is None:
+        raise NoDeviceError(f"--target-device {name!r} is not a GPU autotune can plan for; known: "
+                            f"{', '.join(repr(n) for n in KNOWN_GPUS)} (or plan by architecture with "
+                            "`autotune shapes --target-sm N`)")
+    return DeviceInfo(name=name.strip(), sm=sm, smem_optin=SMEM_OPTIN[sm], versions=software_versions(), kind="planned")
 
 
 def utc_now() -> str:

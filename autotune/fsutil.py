@@ -1,51 +1,198 @@
-"""Atomic file writes: nothing already on disk is damaged by a failed or interrupted run."""
+"""The one writer: every file autotune writes goes through this module.
+
+- Atomic: a temp file beside the target, written, fsynced, then renamed over it (a crash, a full
+  disk or a Ctrl-C leaves the old file or the new one, never half of one), copies included.
+- Mode 0666 less the umask (0644 under the usual 022), as a plain `open()` would make it: an
+  SGLang server running as another user can read what we wrote (mkstemp alone gives 0600).
+- Never over a file autotune did not write: each write names what "ours" means for its file
+  (listed in the folder's provenance, or in our own format), and a file there that is not ours is
+  refused in one line (`NotOurs`, exit 2) unless `--force` (`forcing`). Commands call
+  `claim` on their outputs before measuring anything, so a refusal costs no device time.
+"""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterable
 
+Ours = Callable[[Path], bool]
 
-def write_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def save_figure(fig, path: str | Path) -> None:
-    """A matplotlib figure as a PNG, atomically (a half-written plot never replaces a good one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: str | Path, obj, indent: int = 4) -> None:
-    write_atomic(path, json.dumps(obj, indent=indent) + "\n")
+_FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("autotune_force", default=False)
 
 
 class FileFormatError(ValueError):
     """A file we read is not what it should be (the CLI says so in one line, exit 2)."""
 
+
+class NotOurs(FileFormatError):
+    """A write would replace a file autotune did not write (one line, exit 2)."""
+
+
+class WriteError(FileFormatError, OSError):
+    """A write failed (a full disk, a folder made read-only): one line, and the old file stands."""
+
+
+@contextlib.contextmanager
+def forcing(on: bool):
+    """Within: files that are not ours may be replaced (`--force`)."""
+    token = _FORCE.set(bool(on))
+    try:
+        yield
+    finally:
+        _FORCE.reset(token)
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)       # no /proc: read it the only portable way, and put it back at once
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    return 0o666 & ~_umask()
+
+
+# --- what is ours ---------------------------------------------------------------------------------
+
+def _json_object(path: Path):
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def json_with(*keys: str) -> Ours:
+    """Ours: a JSON object holding every one of `keys` (the shape of one of our own formats)."""
+    def ours(path: Path) -> bool:
+        doc = _json_object(path)
+        return doc is not None and all(k in doc for k in keys)
+    return ours
+
+
+def text_starting(prefix: str) -> Ours:
+    def ours(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return f.read(len(prefix.encode())) == prefix.encode()
+        except OSError:
+            return False
+    return ours
+
+
+def bytes_holding(marker: bytes) -> Ours:
+    def ours(path: Path) -> bool:
+        try:
+            return marker in path.read_bytes()[:4096]
+        except OSError:
+            return False
+    return ours
+
+
+def listed(names: Iterable[str]) -> Ours:
+    """Ours: a file whose name (or path relative to its folder's root) a provenance lists."""
+    names = set(names)
+    return lambda path: path.name in names or any(str(path).endswith("/" + n) for n in names)
+
+
+ANY: Ours = lambda path: True     # noqa: E731  files in folders only autotune writes (its own cache)
+
+
+def claim(path: str | Path, ours: Ours, what: str = "") -> None:
+    """Refuse (NotOurs) where `path` holds something autotune would replace but did not write; a
+    folder in the way is refused whatever --force says."""
+    path = Path(path)
+    if path.is_dir():
+        raise NotOurs(f"{what + ' ' if what else ''}{path} is a folder; name a file")
+    if path.exists() and not _FORCE.get() and not ours(path):
+        raise NotOurs(f"{path} is not a file autotune wrote{' (' + what + ')' if what else ''}: not replaced "
+                      "(move it away, name another output, or pass --force)")
+
+
+def claim_all(targets: Iterable[tuple[str | Path, Ours]]) -> None:
+    for path, ours in targets:
+        claim(path, ours)
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path):
+    """A binary file object that becomes `path` when the block ends without an error."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), file_mode())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise WriteError(f"cannot write {path}: {e.strerror or e}; what was there before is unchanged") from None
+        raise
+    with contextlib.suppress(OSError):          # the rename itself survives a power cut
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_bytes(path: str | Path, data: bytes, ours: Ours | None = None) -> None:
+    if ours is not None:
+        claim(path, ours)
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def write_atomic(path: str | Path, text: str, ours: Ours | None = None) -> None:
+    write_bytes(path, text.encode(), ours)
+
+
+def write_json(path: str | Path, obj, indent: int | None = 4, ours: Ours | None = None) -> None:
+    write_atomic(path, json.dumps(obj, indent=indent) + "\n", ours)
+
+
+def copy_file(src: str | Path, dst: str | Path, ours: Ours | None = None) -> None:
+    """A copy is written like any file: atomic, our mode, never over a file that is not ours."""
+    write_bytes(dst, Path(src).read_bytes(), ours)
+
+
+PNG_MARK = "autotune"
+
+
+def save_figure(fig, path: str | Path, ours: Ours | None = None) -> None:
+    """A matplotlib figure as a PNG, atomically, marked as ours in its Software field."""
+    if ours is not None:
+        claim(path, ours)
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", metadata={"Software": PNG_MARK})
+
+
+def sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# --- reading --------------------------------------------------------------------------------------
 
 def read_json(path: str | Path, default=None):
     try:
@@ -54,6 +201,8 @@ def read_json(path: str | Path, default=None):
         return default
     except IsADirectoryError:
         raise FileFormatError(f"{path} is a folder, not a JSON file") from None
+    except NotADirectoryError:
+        raise FileFormatError(f"{path}: a file is in the way of its folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FileFormatError(f"{path}: not valid JSON ({e}); fix or remove it") from None
 
@@ -61,6 +210,8 @@ def read_json(path: str | Path, default=None):
 def check_writable(folder: str | Path) -> None:
     """Raise OSError with a clear message when `folder` cannot be created or written."""
     folder = Path(folder)
+    if not str(folder).strip():
+        raise OSError("an output folder must be named (got an empty path)")
     # Tried in the nearest folder that exists: nothing is created before something is written
     # (a run that stops at a bad input must not leave an empty tuned_configs/ behind).
     probe = folder

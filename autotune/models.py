@@ -91,6 +91,19 @@ class Problem:
     # (model, tp, ep, layer kind) that run this shape: provenance only.
     sources: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False)
 
+    def __post_init__(self):
+        # Problems also come from files (recordings, provenance): a wrong one is refused where it is made.
+        for name in ("E", "N", "K", "top_k", "ep"):
+            _positive_int(getattr(self, name), name)
+        if self.dtype not in DTYPES:
+            raise ModelError(f"problem dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if not isinstance(self.batch_sizes, tuple) or not self.batch_sizes:
+            raise ModelError(f"problem batch_sizes must be a non-empty list, got {self.batch_sizes!r}")
+        for M in self.batch_sizes:
+            _positive_int(M, "batch size")
+        if self.top_k > self.E * self.ep:
+            raise ModelError(f"problem top_k {self.top_k} is above its {self.E * self.ep} experts")
+
     @property
     def sglang_dtype(self) -> str | None:
         return DTYPES[self.dtype][0]
@@ -117,30 +130,20 @@ class Problem:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
-        return cls(E=d["E"], N=d["N"], K=d["K"], top_k=d["top_k"], dtype=d["dtype"],
-                   batch_sizes=tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), ep=d.get("ep", 1),
-                   sources=tuple(tuple(s) for s in d.get("sources", ())))
+        try:
+            return cls(E=d["E"], N=d["N"], K=d["K"], top_k=d["top_k"], dtype=d["dtype"],
+                       batch_sizes=tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), ep=d.get("ep", 1),
+                       sources=tuple(tuple(s) for s in d.get("sources", ())))
+        except (KeyError, TypeError) as e:
+            raise ModelError(f"not a problem record ({type(e).__name__}: {e})") from None
+
+
+def _positive_int(v, what: str) -> None:
+    if type(v) is not int or v <= 0:
+        raise ModelError(f"problem {what} must be a positive integer, got {v!r}")
 
 
 # --- HF config.json --------------------------------------------------------------------------
-
-_KEYS = {
-    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
-    "top_k": ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k"),
-    "moe_intermediate_size": ("moe_intermediate_size", "expert_intermediate_size", "moe_ffn_hidden_size"),
-    "hidden_size": ("hidden_size", "d_model", "n_embd", "dim"),
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "shared": ("shared_expert_intermediate_size", "shared_intermediate_size"),
-    "mtp": ("mtp_num_hidden_layers", "num_nextn_predict_layers"),
-}
-
-
-def _first(cfg: dict, names: tuple[str, ...]):
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return None
-
 
 def read_hf_config(path: str | Path) -> dict:
     """An HF config.json (or the folder holding it) as a dict; one ModelError line otherwise."""
@@ -150,6 +153,8 @@ def read_hf_config(path: str | Path) -> dict:
         raw = json.loads(p.read_text())
     except FileNotFoundError:
         raise ModelError(f"model config not found: {p}") from None
+    except OSError as e:
+        raise ModelError(f"model config {p} cannot be read: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelError(f"model config {p} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
@@ -158,40 +163,32 @@ def read_hf_config(path: str | Path) -> dict:
 
 
 def model_from_hf_config(path: str | Path) -> MoeModel:
-    """Read any HF config.json of a MoE model (text_config when present)."""
+    """Any HF config.json of a MoE model (text_config when present), validated (autotune.hf_config)."""
+    from .hf_config import ConfigError, parse
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     raw = read_hf_config(p)
-    cfg = raw.get("text_config") or raw
-    # Mixtral-style configs name the expert FFN width plain `intermediate_size`.
-    inter = _first(cfg, _KEYS["moe_intermediate_size"])
-    if inter is None and cfg.get("num_local_experts") is not None:
-        inter = cfg.get("intermediate_size")
-    fields = {
-        "num_experts": _first(cfg, _KEYS["num_experts"]),
-        "top_k": _first(cfg, _KEYS["top_k"]),
-        "moe_intermediate_size": inter,
-        "hidden_size": _first(cfg, _KEYS["hidden_size"]),
-    }
-    missing = [k for k, v in fields.items() if not isinstance(v, int) or v <= 0]
-    if missing:
-        raise ModelError(f"{p} has no MoE fields ({', '.join(missing)} missing): not a MoE model config")
-    name = (raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
-    heads = int(cfg.get("num_attention_heads") or 0)
-    lin_keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-    linear = (LinearAttention(*(int(cfg[k]) for k in lin_keys), int(cfg.get("linear_conv_kernel_dim") or 4))
-              if all(isinstance(cfg.get(k), int) and cfg[k] > 0 for k in lin_keys) else None)
-    gate = cfg.get("attn_output_gate")
+    try:
+        c = parse(raw, p)
+    except ConfigError as e:
+        raise ModelError(str(e)) from None
+    name = str(raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
+    heads = c.num_attention_heads or 0
+    linear = (LinearAttention(c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                              c.linear_value_head_dim, c.linear_conv_kernel_dim or 4)
+              if c.has_linear_attention else None)
+    gate = c.attn_output_gate
     if gate is None:
-        gate = str(cfg.get("model_type", "")).startswith(("qwen3_5", "qwen3_next"))
-    return MoeModel(name=name, num_layers=int(_first(cfg, _KEYS["num_layers"]) or 0),
-                    shared_expert_intermediate_size=int(_first(cfg, _KEYS["shared"]) or 0),
-                    mtp_layers=int(_first(cfg, _KEYS["mtp"]) or 0), family="custom",
-                    num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                    head_dim=int(cfg.get("head_dim") or (fields["hidden_size"] // heads if heads else 0)),
-                    full_attention_interval=int(cfg.get("full_attention_interval") or (4 if linear else 1)),
-                    linear=linear, attn_output_gate=bool(gate), **fields)
+        gate = str(c.model_type or "").startswith(("qwen3_5", "qwen3_next"))
+    return MoeModel(name=name, num_layers=c.num_layers or 0, shared_expert_intermediate_size=c.shared or 0,
+                    mtp_layers=c.mtp or 0, family="custom", num_attention_heads=heads,
+                    num_key_value_heads=c.num_key_value_heads or heads,
+                    head_dim=c.head_dim or (c.hidden_size // heads if heads else 0),
+                    full_attention_interval=c.full_attention_interval or (4 if linear else 1),
+                    linear=linear, attn_output_gate=bool(gate), num_experts=c.num_experts, top_k=c.top_k,
+                    moe_intermediate_size=c.moe_intermediate_size, hidden_size=c.hidden_size)
 
 
 def select_models(shapes: str | None = None, model: str | None = None,
@@ -256,7 +253,9 @@ def expand(models: list[MoeModel], tps=(1, 2, 4, 8), eps=(1,), dtypes=("bf16",),
 MAX_BATCH = (131072, "more tokens than one SGLang forward pass holds")
 
 
-def parse_int_list(text: str, what: str, limit: tuple[int, str] | None = None) -> tuple[int, ...]:
+def parse_int_list(text, what: str, limit: tuple[int, str] | None = None) -> tuple[int, ...]:
+    if isinstance(text, tuple):           # already parsed by the command line's type (autotune.inputs)
+        return text
     try:
         vals = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
     except ValueError:
@@ -296,10 +295,22 @@ class GemmProblem:
                 "layers": self.layers, "batch_sizes": list(self.batch_sizes),
                 "sources": [list(s) for s in self.sources]}
 
+    def __post_init__(self):
+        for name in ("N", "K", "layers"):
+            _positive_int(getattr(self, name), name)
+        if not isinstance(self.name, str) or self.dtype not in DTYPES or not self.batch_sizes:
+            raise ModelError(f"not a GEMM problem: name {self.name!r}, dtype {self.dtype!r}, batch sizes "
+                             f"{self.batch_sizes!r}")
+        for M in self.batch_sizes:
+            _positive_int(M, "batch size")
+
     @classmethod
     def from_dict(cls, d: dict) -> "GemmProblem":
-        return cls(d["name"], d["N"], d["K"], d["dtype"], d.get("layers", 1),
-                   tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), tuple(tuple(s) for s in d.get("sources", ())))
+        try:
+            return cls(d["name"], d["N"], d["K"], d["dtype"], d.get("layers", 1),
+                       tuple(d.get("batch_sizes", DEFAULT_BATCH_SIZES)), tuple(tuple(s) for s in d.get("sources", ())))
+        except (KeyError, TypeError) as e:
+            raise ModelError(f"not a GEMM problem record ({type(e).__name__}: {e})") from None
 
 
 @dataclass(frozen=True)
@@ -372,4 +383,6 @@ def dense_gemms(m: MoeModel, tp: int, dtype: str, batch_sizes=DEFAULT_BATCH_SIZE
 
 
 def problem_from_dict(d: dict):
+    if not isinstance(d, dict):
+        raise ModelError(f"not a problem record: {d!r:.80}")
     return GemmProblem.from_dict(d) if d.get("kind") == "gemm" else Problem.from_dict(d)

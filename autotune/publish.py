@@ -19,7 +19,7 @@ from .device import DeviceInfo
 from .export import server_args
 from .export.overlay import tuned_names
 from .export.sglang import PROVENANCE
-from .fsutil import read_json, write_json
+from .fsutil import NotOurs, claim, copy_file, read_json, write_json
 
 VALIDATION = "validation.json"
 
@@ -100,11 +100,20 @@ def _gains(prov: dict) -> list[str]:
     return lines
 
 
+def _provenance(folder: Path) -> dict:
+    """A folder's provenance.json through check's reader (the one that validates its shape)."""
+    from .check import CheckError, read_provenance
+    try:
+        return read_provenance(folder)
+    except CheckError as e:
+        raise PublishError(str(e)) from None
+
+
 def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     """In memory: {relative path: JSON content} to write, the merged provenance, and what the
     serving repo keeps per file. Nothing touches the serving repo until the plan is accepted."""
-    ours_all = read_json(src / PROVENANCE)
-    theirs_all = read_json(dest / PROVENANCE, default={}) or {}
+    ours_all = _provenance(src)
+    theirs_all = _provenance(dest) if (dest / PROVENANCE).exists() else {}
     writes, kept_all = {}, {}
     merged = {"device": ours_all.get("device"), "files": dict(theirs_all.get("files", {}))}
     changed = False
@@ -141,6 +150,24 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     return writes, merged, kept_all
 
 
+def _dest_ours(dest: Path) -> dict:
+    """What in the serving repo's folder is ours to replace: its provenance.json (our format) and
+    the config files that provenance lists (the tuned files and the shipped overlay)."""
+    from .export.sglang import PROVENANCE_OURS, ours_in
+
+    try:
+        theirs = read_json(dest / PROVENANCE, default=None)
+    except ValueError:
+        theirs = None
+    return {PROVENANCE: PROVENANCE_OURS, "*": ours_in(theirs if PROVENANCE_OURS(dest / PROVENANCE) else None)}
+
+
+def _extras(src: Path, dest: Path) -> list:
+    """validate's files that travel with the configs, each with what makes the repo's copy ours."""
+    from .validate.report import report_targets
+    return [(p.name, ours) for p, ours in report_targets(dest) if (src / p.name).exists()]
+
+
 def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> Outcome:
     src = Path(src)
     if not (src / PROVENANCE).exists():
@@ -169,6 +196,14 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         if repo.resolve() not in dest.resolve().parents:
             raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
         writes, merged, kept = _plan(src, dest)
+        dest_ours = _dest_ours(dest)
+        try:                    # every file the commit would replace, before the repo is touched
+            for rel in writes:
+                claim(dest / rel, dest_ours.get(rel, dest_ours["*"]))
+            for extra, is_ours in _extras(src, dest):
+                claim(dest / extra, is_ours)
+        except NotOurs as e:
+            raise PublishError(f"{e} (in the serving repo)") from None
         if (src / "backend_choice.json").exists():      # refused here, before the repo is touched
             try:
                 ours = read_json(src / "backend_choice.json")
@@ -177,16 +212,15 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
                 raise PublishError(f"backend choices cannot be merged into {dest}: {e}") from None
         _git(repo, "checkout", "-q", "-b", branch)
         for rel, content in writes.items():
-            write_json(dest / rel, content)
+            write_json(dest / rel, content, ours=dest_ours.get(rel, dest_ours["*"]))
         if (src / "backend_choice.json").exists():
             # The serving repo's other families stay; ours replace theirs (server_args.merge: one place).
             try:
                 server_args.merge_folder(src, dest, exact=True)
             except server_args.ChoicesError as e:
                 raise PublishError(f"backend choices not merged into {dest}: {e}") from None
-        for extra in (VALIDATION, "report.md", "validation.png"):
-            if (src / extra).exists():
-                shutil.copy2(src / extra, dest / extra)
+        for extra, is_ours in _extras(src, dest):
+            copy_file(src / extra, dest / extra, ours=is_ours)
         versions = (merged.get("device") or {}).get("versions", {})
         device = (merged.get("device") or {}).get("name", src.name)
         msg = [f"autotune: tuned configs for {device}", "",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import collections
 import copy
 import gzip
+import io
 import json
 import zlib
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -84,6 +84,27 @@ class Measurement:
     versus_us: float | None = None
     versus_spread: float | None = None
 
+    def __post_init__(self):
+        # Records come from files (recordings, --record caches): a wrong one is refused where it is made.
+        if not (isinstance(self.problem, str) and isinstance(self.gemm, str) and type(self.M) is int and self.M > 0
+                and isinstance(self.config, dict) and self.status in STATUSES and isinstance(self.reason, str)):
+            raise ValueError(f"not a measurement record (problem {self.problem!r:.40}, gemm {self.gemm!r:.20}, "
+                             f"M {self.M!r:.20}, status {self.status!r:.20})")
+        for name in ("time_us", "spread", "error", "versus_us", "versus_spread", "compile_s", "bench_s"):
+            v = getattr(self, name)
+            if v is not None and type(v) not in (int, float):
+                raise ValueError(f"measurement {name} must be a number, got {v!r:.30}")
+        for name in ("time_us", "compile_s", "bench_s"):     # what ranks configs and prices a replay
+            v = getattr(self, name)                        # (a wrong result's error may be NaN)
+            if v is not None and (v != v or v in (float("inf"), float("-inf")) or v < 0):
+                raise ValueError(f"measurement {name} must be a finite non-negative number, got {v!r:.30}")
+        if self.ok and self.time_us is None:
+            raise ValueError("an ok measurement without time_us")
+        if self.compile_s is None or self.bench_s is None:
+            raise ValueError("measurement compile_s and bench_s must be numbers (0 where nothing ran)")
+        if type(self.samples) is not int or (self.tactics is not None and not isinstance(self.tactics, list)):
+            raise ValueError("measurement samples must be an integer and tactics a list")
+
     @property
     def ok(self) -> bool:
         return self.status == OK
@@ -135,18 +156,37 @@ class Cache:
                      dict(self.careful))
 
 
+def is_cache(path: Path) -> bool:
+    """Ours: a file whose first line is a measurement cache's header."""
+    for opener in (lambda: gzip.open(path, "rt"), lambda: open(path)):
+        try:
+            with opener() as f:
+                return json.loads(f.readline()).get("kind") == CACHE_KIND
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, AttributeError):
+            continue
+    return False
+
+
+CACHE_OURS = is_cache
+
+
 def write_cache(path: str | Path, cache: Cache) -> None:
-    """Atomic: a temp file beside the target, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", compresslevel=9) as f:
+    """Through the one writer (atomic); never over a file that is not a measurement cache."""
+    with atomic_file_for(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz, \
+            io.TextIOWrapper(gz, encoding="utf-8") as f:
         f.write(json.dumps({"kind": CACHE_KIND, "version": CACHE_VERSION, "device": cache.device,
                             "problems": cache.problems, "notes": cache.notes}) + "\n")
         for book, extra in ((cache.records, {}), (cache.careful, {"careful": True})):
             for m in sorted(book.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
                 f.write(json.dumps({**m.to_dict(), **extra}, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+        f.flush()
+        gz.flush()
+
+
+def atomic_file_for(path):
+    from .fsutil import atomic_file, claim
+    claim(path, CACHE_OURS)
+    return atomic_file(path)
 
 
 class CacheError(ValueError):
@@ -186,6 +226,7 @@ def _parse_cache(path: Path) -> Cache:
             if header.get("version") != CACHE_VERSION:
                 raise CacheError(f"{path}: cache version {header.get('version')} not supported (want {CACHE_VERSION})")
             cache = Cache(header["device"], problems=header.get("problems", {}), notes=header.get("notes", {}))
+            _check_header(cache)
             for line in f:
                 if line.strip():
                     row = json.loads(line)
@@ -193,11 +234,31 @@ def _parse_cache(path: Path) -> Cache:
                     cache.add(Measurement.from_dict(row), careful=careful)
     except FileNotFoundError:
         raise CacheError(f"measurement cache not found: {path}") from None
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError,
             AttributeError) as e:
         # A recording cut short (a killed run, a partial copy) ends mid-stream: EOFError.
         raise CacheError(f"{path}: unreadable measurement cache ({type(e).__name__}: {e})") from None
     return cache
+
+
+def _check_header(cache: Cache) -> None:
+    """The header's device and problems, validated where they are read (they become a device and Problems)."""
+    from .models import ModelError, problem_from_dict
+
+    dev = cache.device
+    if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int \
+            or not isinstance(dev.get("versions", {}), dict) or type(dev.get("smem_optin", 0)) is not int:
+        raise TypeError(f"its device is not a recorded GPU: {dev!r:.120}")
+    if "compile_workers" in cache.notes and (type(cache.notes["compile_workers"]) is not int
+                                             or cache.notes["compile_workers"] < 1):
+        raise TypeError("its notes.compile_workers is not a positive integer")
+    if not isinstance(cache.problems, dict) or not isinstance(cache.notes, dict):
+        raise TypeError("its problems and notes must be JSON objects")
+    for key, p in cache.problems.items():
+        try:
+            problem_from_dict(p)
+        except ModelError as e:
+            raise TypeError(f"problem {key}: {e}") from None
 
 
 def merge_caches(paths: list[str | Path]) -> Cache:

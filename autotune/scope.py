@@ -36,16 +36,52 @@ class Scope:
     basis: str
 
 
-def mean_cost(cache) -> float:
+def mean_cost(cache, triton: bool | None = None) -> float:
+    """Mean recorded device seconds per ok measurement (`triton`: only the Triton MoE GEMMs' records,
+    or only the backend families'; None: all)."""
     parallel = int(cache.notes.get("compile_workers", 15))
-    ms = [m for m in cache.records.values() if m.ok]
+    ms = [m for m in cache.records.values() if m.ok and (triton is None or (m.gemm != "layer") == triton)]
     return sum(m.bench_s + m.compile_s / parallel for m in ms) / len(ms) if ms else 0.0
 
 
-def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cache=None) -> Scope:
+def _recorded_gpu(path: Path) -> str | None:
+    import gzip
+    import json
+    try:
+        with gzip.open(path, "rt") as f:
+            return json.loads(f.readline()).get("device", {}).get("name")
+    except (OSError, EOFError, ValueError, AttributeError):
+        return None
+
+
+def cost_basis(triton: bool, device=None, cache=None) -> tuple[float | None, str]:
+    """(mean device seconds per measurement of a family kind, where that number comes from): the
+    replayed recording, else a committed recording made on this GPU model, else one of another
+    GPU (said: the estimate is borrowed)."""
     from .records import CacheError, read_cache
 
-    lines, total = [], 0
+    if cache is not None:
+        return (mean_cost(cache, triton) or None), "the replayed recording"
+    name = getattr(device, "name", None) or "NVIDIA H200"
+    files = [REFERENCE] + sorted(p for p in REFERENCE.parent.glob("*.jsonl.gz") if p != REFERENCE)
+    gpus = {p: _recorded_gpu(p) for p in files}
+    for own in (True, False):
+        for p in files:
+            if (gpus[p] == name) != own or gpus[p] is None:
+                continue
+            try:
+                cost = mean_cost(read_cache(p), triton)
+            except CacheError:
+                continue
+            if cost:
+                return cost, (f"{p.name}, recorded on {name}" if own else
+                              f"{p.name}, borrowed from {gpus[p]}: no {'Triton MoE' if triton else 'backend'} "
+                              f"recording of {name} is committed, and another GPU compiles and times at another speed")
+    return None, "no recording"
+
+
+def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cache=None, device=None) -> Scope:
+    lines, total, device_s, bases = [], 0, 0.0, []
     for fp in plans:
         if fp.unsupported or not fp.problems:
             continue
@@ -53,34 +89,41 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
             per = [len(p.batch_sizes) * len(fp.family.gemms) for p in fp.problems]
             n = sum(k * trials * (1 + 2 * neighbours) for k in per) + \
                 sum(len(p.batch_sizes) * CAREFUL_PER_M for p in fp.problems)
-            lines.append(f"  {fp.name}: {len(fp.problems)} problems x {len(fp.family.gemms)} GEMMs x batch sizes "
-                         f"({', '.join(str(len(p.batch_sizes)) for p in fp.problems)}) = {sum(per)} studies of "
-                         f"{trials} trials; ~{n} measurements")
+            counts = sorted({len(p.batch_sizes) for p in fp.problems})
+            each = f"{counts[0]} each" if len(counts) == 1 else ", ".join(str(len(p.batch_sizes)) for p in fp.problems)
+            line = (f"  {fp.name}: {len(fp.problems)} problems x {len(fp.family.gemms)} GEMMs x batch sizes "
+                    f"({each}) = {sum(per)} studies of "
+                    f"{trials} trials; ~{n} measurements")
         else:
             tunable = sum(r.tunable and r.name not in fp.family.skip for r in runners(fp.name))
             n = sum(len(p.batch_sizes) for p in fp.problems) * (BACKENDS_PER_M + TACTICS_PER_TUNABLE * tunable)
             tactics = (f", and every tactic FlashInfer's runners list for its {tunable} backend{'s' * (tunable != 1)} with tactics "
                        f"(~{TACTICS_PER_TUNABLE} each per shape and batch size on the H200)" if tunable else "")
-            lines.append(f"  {fp.name}: {len(fp.problems)} problems, every available backend at every batch size"
-                         f"{tactics}; ~{n} measurements")
+            line = (f"  {fp.name}: {len(fp.problems)} problems, every available backend at every batch size"
+                    f"{tactics}; ~{n} measurements")
+        cost, basis = cost_basis(fp.name == "triton_moe", device, cache)
+        if cost is not None and device_s is not None:
+            device_s += n * cost
+            line += f", {_time(n * cost)}"
+            if basis not in bases:
+                bases.append(basis)
+        else:
+            device_s = None
+        lines.append(line)
         total += n
-    basis, cost = "", None
-    try:
-        ref = cache if cache is not None else read_cache(REFERENCE)
-        cost = mean_cost(ref)
-        basis = ("the replayed recording" if cache is not None else
-                 f"the H200 bf16 recording ({REFERENCE.name}); another GPU differs")
-    except CacheError:
-        pass
-    device_s = total * cost if cost else None
+    if not total:
+        device_s = None
     head = [f"scope: TP {','.join(map(str, tps))}; {total} measurements planned"]
     if device_s is not None:
-        est = f"~{device_s / 60:.0f} min" if device_s >= 90 else f"~{device_s:.0f} s"
-        head[0] += (f", {est} of recorded compile and timing seconds (from {basis}; the H200 bf16 run took about "
-                    f"{WALL_FACTOR:.0f}x that in wall time)")
+        head[0] += (f", {_time(device_s)} of recorded compile and timing seconds (from {'; '.join(bases)}; "
+                    f"the H200 bf16 run took about {WALL_FACTOR:.0f}x that in wall time)")
         if budget_s is not None and budget_s < device_s:
             head.append(f"  --budget {budget_s:.0f} s stops it before that: the studies get what fits")
         elif budget_s is None and device_s > 3600:
             head.append("  no --budget: this runs until every study has its trials; --budget 1h (say) bounds it, "
                         "--model/--tp/--dtype narrow it")
-    return Scope(head + lines, total, device_s, basis)
+    return Scope(head + lines, total, device_s, "; ".join(bases))
+
+
+def _time(s: float) -> str:
+    return f"~{s / 60:.0f} min" if s >= 90 else f"~{s:.0f} s"

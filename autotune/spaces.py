@@ -73,6 +73,10 @@ def load(family: str, path: str | Path | None = None) -> dict:
         doc = yaml.safe_load(p.read_text())
     except FileNotFoundError:
         raise SpaceError(f"search space file not found: {p}") from None
+    except IsADirectoryError:
+        raise SpaceError(f"--search-space {p} is a folder; name a YAML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpaceError(f"search space {p} cannot be read: {e}") from None
     except yaml.YAMLError as e:
         raise SpaceError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(doc, dict):
@@ -83,11 +87,16 @@ def load(family: str, path: str | Path | None = None) -> dict:
     if doc.get("family") != family:
         raise SpaceError(f"{p}: family is {doc.get('family')!r}, expected {family!r}")
     base = _check_ladders(f"{p}:params", doc.get("params"))
+    for key in ("gemm_params", "arch"):
+        if not isinstance(doc.get(key) or {}, dict):
+            raise SpaceError(f"{p}: {key} must be a mapping, got {doc[key]!r:.60}")
     gemm = {g: _check_ladders(f"{p}:gemm_params.{g}", v) for g, v in (doc.get("gemm_params") or {}).items()}
     arch = {}
     for a, sec in (doc.get("arch") or {}).items():
         sec = sec or {}
-        if not isinstance(sec, dict) or set(sec) - _ARCH_KEYS:
+        if not isinstance(sec, dict):
+            raise SpaceError(f"{p}: arch.{a} must be a mapping (params: ...), got {sec!r:.60}")
+        if set(sec) - _ARCH_KEYS:
             raise SpaceError(f"{p}: arch.{a}: unknown key(s) {sorted(set(sec) - _ARCH_KEYS)}; allowed: {sorted(_ARCH_KEYS)}")
         over = _check_ladders(f"{p}:arch.{a}.params", sec.get("params") or {})
         bad = set(over) - set(base) - {k for g in gemm.values() for k in g}

@@ -71,7 +71,7 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
     import warnings
 
     url = url or DEFAULT_STORAGE
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not url.startswith("sqlite:///file:"):
         # SQLite creates the file, not its folder: `--storage sqlite:///runs/a.db` should just work.
         with contextlib.suppress(OSError):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from . import records
+from .fsutil import write_bytes
 from .measurer import Measurer
 from .records import Measurement, failure
 
@@ -98,7 +99,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
         except BaseException as e:
             conn.send(("init_failed", f"warm-up: {type(e).__name__}: {e}"))
             return
-        open(warm_flag, "w").close()
+        write_bytes(warm_flag, b"")
     while not os.path.exists(warm_flag):
         time.sleep(0.2)
     conn.send(("ready", os.getpid()))

@@ -30,6 +30,41 @@ def pytest_configure(config):
         folder = tempfile.mkdtemp(prefix="autotune-test-cache-")
         os.environ["AUTOTUNE_CACHE_DIR"] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    # hypothesis keeps its caches (unicode tables) in ./.hypothesis: here, in a folder of the session's
+    if "PYTEST_XDIST_WORKER" not in os.environ and "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+        home = tempfile.mkdtemp(prefix="autotune-test-hypothesis-")
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = home
+        config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+
+
+# Tests never write into the checkout (a ./autotune.db, a tuned_configs/replay/, a .hypothesis/ left
+# behind by a command run with its defaults): the session fails if the tree has a path it did not have.
+_NOT_THE_TREE = {".git", ".venv", "__pycache__", ".pytest_cache"}
+
+
+def _checkout_paths() -> set:
+    out = set()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in _NOT_THE_TREE]
+        rel = Path(folder).relative_to(ROOT)
+        out.update(str(rel / n) for n in dirs + files)
+    return out
+
+
+def pytest_sessionstart(session):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        session.config._checkout_before = _checkout_paths()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_checkout_before", None)
+    if before is None:
+        return
+    new = sorted(_checkout_paths() - before)
+    if new:
+        session.config.get_terminal_writer().line(
+            f"tests wrote into the checkout {ROOT}: {', '.join(new[:10])}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

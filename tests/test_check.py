@@ -107,3 +107,71 @@ def test_only_drifted_retunes_the_files_a_release_cannot_run_and_then_nothing(tm
     assert main(["run", "--only-drifted", str(folder), "--sglang-version", "0.5.16", *common]) == 0
     assert "nothing drifted" in capsys.readouterr().out
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+BF16 = "configs/triton_3_6_0/E=512,N=128,device_name=NVIDIA_H200.json"
+
+
+def _edit(path: Path, fn) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("case,damage,says", [
+    ("non-integer-key", lambda f: _edit(f, lambda d: d.update({"one": d["1"]})), "key 'one' is not a batch size"),
+    ("negative-block", lambda f: _edit(f, lambda d: d["1"].update(BLOCK_SIZE_N=-64)),
+     "M=1: BLOCK_SIZE_N: Input should be greater than 0"),
+    ("not-a-power-of-two", lambda f: _edit(f, lambda d: d["8"].update(BLOCK_SIZE_K=96)), "96 is not a power of two"),
+    ("no-num-warps", lambda f: _edit(f, lambda d: d["1"].pop("num_warps")), "M=1: no num_warps"),
+    ("unknown-key", lambda f: _edit(f, lambda d: d["1"].update(num_ctas=2)), "num_ctas: Extra inputs are not permitted"),
+    ("truncated", lambda f: f.write_text(f.read_text()[:200]), "not valid JSON"),
+    ("deleted", lambda f: f.unlink(), "listed in provenance.json but missing"),
+])
+def test_check_reads_every_file_it_checks(tmp_path, capsys, case, damage, says):
+    """A folder whose bf16 file is damaged was called fresh: check only read provenance.json."""
+    import shutil
+
+    folder = tmp_path / "NVIDIA_H200"
+    shutil.copytree(FOLDER, folder)
+    damage(folder / BF16)
+    assert main(["check", str(folder), "--sglang-version", "0.5.23"]) == 1
+    out = capsys.readouterr().out
+    assert f"drift: {Path(BF16).name}: " in out and says in out, out
+    assert out.strip().endswith("drifted: re-tune or re-export (see above)")
+
+
+def test_a_hand_edit_is_seen_by_the_sha256_recorded_at_export(tmp_path, capsys):
+    from tests.conftest import GRID
+
+    out = tmp_path / "out"
+    assert main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                 "--quiet", "--trials", "2", "--batch-sizes", "8,64", "--replay", str(GRID), "--out", str(out),
+                 "--storage", f"sqlite:///{tmp_path / 'a.db'}"]) == 0
+    folder = out / "NVIDIA_H200"
+    assert main(["check", str(folder), "--sglang-version", "0.5.23"]) == 0      # as exported: every file reads
+    prov = json.loads((folder / "provenance.json").read_text())
+    up = next(iter(prov["files"]))
+    assert set(prov["files"][up]["sha256"]) == {up, prov["files"][up]["down_file"]}
+    path = next(folder.glob(f"configs/triton_*/{up}"))
+    _edit(path, lambda d: d["8"].update(num_stages=2 if d["8"]["num_stages"] != 2 else 3))   # valid, but not ours
+    capsys.readouterr()
+    assert main(["check", str(folder), "--sglang-version", "0.5.23"]) == 1
+    assert f"drift: {up}: changed since export" in capsys.readouterr().out
+
+
+def test_sglangs_loader_reads_each_file(tmp_path):
+    """The loader step on its own: a file SGLang's loader would not find under its name is drift."""
+    import shutil
+
+    from autotune.check import read_provenance
+    from autotune.config_files import file_problems, sglang_loads
+
+    folder = tmp_path / "NVIDIA_H200"
+    shutil.copytree(FOLDER, folder)
+    prov = read_provenance(folder)
+    assert file_problems(folder, prov, sglang_loads) == {}
+    entry = prov["files"][Path(BF16).name]
+    entry["device"] = "NVIDIA B200"          # SGLang looks for device_name=NVIDIA_B200: not this file
+    why = sglang_loads(entry, folder / BF16, json.loads((folder / BF16).read_text()))
+    assert why and "does not find it" in why

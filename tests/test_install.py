@@ -20,8 +20,15 @@ DISTRIBUTION = {"yaml": "pyyaml", "sqlalchemy": "sqlalchemy", "flashinfer": "fla
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+    import shutil
+
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src")
+    # built from a copy: setuptools leaves build/ and autotune.egg-info/ in the tree it builds, and the
+    # tests never write into the checkout (tests/conftest.py)
+    for name in ("pyproject.toml", "README.md", "autotune", "search_spaces"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(
+            ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                     "-w", str(out)], check=True, capture_output=True, timeout=300)
     return next(out.glob("autotune-*.whl"))
 

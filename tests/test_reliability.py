@@ -136,9 +136,59 @@ CASES = {
     "storage-read-only-studies": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
                                              f"sqlite:///file:{_optuna_db(t / 'ro.db')}?mode=ro&uri=true", "--replay",
                                              str(GRID), "--batch-sizes", "8"], 2, "cannot be written"),
+    # issue 23: inputs none of the rows above named, each now refused by construction
+    "config-text-config-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {"text_config": [1, 2]}))], 2, "text_config holds a list, not a JSON object"),
+    "config-layers-not-an-integer": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "num_hidden_layers": "sixty"}))], 2, "num_hidden_layers = 'sixty'"),
+    "config-experts-bool": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "num_experts": True}))], 2, "num_experts = True"),
+    "config-top-k-above-experts": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "num_experts_per_tok": 200}))], 2, "top_k 200 is above the number of experts 128"),
+    "target-sm-unknown": (lambda t: ["shapes", "--target-sm", "75"], 2, "--target-sm must be a known compute capability"),
+    "space-is-a-folder": (lambda t: _run(t, "--search-space", str(_dir(t / "spaces"))), 2, "is a folder"),
+    "rank-model-out-is-a-file": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out",
+                                            _write(t / "f", "x")], 2, "is a file"),
+    "rank-model-out-users-folder": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out",
+                                               str(_model(t / "mine"))], 2, "not a file autotune wrote"),
+    "record-shard-unreadable": (lambda t: ["record", "--cache", str(t / "c.jsonl.gz"), "--shard", "abc"], 2,
+                                "--shard must look like i/n"),
+    "record-shard-out-of-range": (lambda t: ["record", "--cache", str(t / "c.jsonl.gz"), "--shard", "3/2"], 2,
+                                  "--shard must have 0 <= i < n"),
+    "merge-caches-out-users-file": (lambda t: ["merge-caches", str(GRID), "-o", _write(t / "notes.txt", "mine\n")], 2,
+                                    "not a file autotune wrote"),
+    "compile-limits-out-users-json": (lambda t: ["compile-limits", "--target-sm", "120", "--model", "qwen3.5-35b-a3b",
+                                                 "--out", _write(t / "mine.json", "{}")], 2, "not a file autotune wrote"),
+    "device-name-over-users-file": (lambda t: _run(t, "--device-name", "NVIDIA H200 NVL") if _users_sku_file(t) else [],
+                                    2, "not a file autotune wrote"),
+    "out-empty": (lambda t: _run(t, "--out", ""), 2, "--out must name a path"),
+    "timeout-negative": (lambda t: _run(t, "--timeout", "-1"), 2, "--timeout must be above 0"),
+    "skew-nan": (lambda t: _run(t, "--skew", "nan"), 2, "--skew must be a finite number"),
+    "validate-min-effect-negative": (lambda t: ["validate", "--engine", "harness", "--model", "qwen3.5-35b-a3b",
+                                                "--min-effect", "-1"], 2, "--min-effect must be at least 0"),
+    "budget-no-unit": (lambda t: _run(t, "--budget", "20"), 2, "--budget has no unit in '20'"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
 }
+
+
+MOE_CONFIG = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "hidden_size": 2048,
+              "num_hidden_layers": 48}
+
+
+def _users_sku_file(t: Path) -> bool:
+    """A user's file where --device-name 'NVIDIA H200 NVL' would write its copy of the tuned file."""
+    from autotune.device import DeviceInfo
+    from autotune.kernels.sglang_loader import sglang_file_name
+    from autotune.models import Problem
+    from autotune.records import read_cache
+
+    dev = DeviceInfo.from_dict(read_cache(GRID).device)
+    name = sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), dev).replace("NVIDIA_H200", "NVIDIA_H200_NVL")
+    folder = t / "out" / dev.file_name / "configs" / f"triton_{dev.versions['triton'].replace('.', '_')}"
+    folder.mkdir(parents=True)
+    (folder / name).write_text('{"1": {"BLOCK_SIZE_M": 16}}')
+    return True
 
 
 def _sqlite_db(path: Path) -> Path:

@@ -70,3 +70,42 @@ def test_backend_runs_count_flashinfers_tactics(tmp_path, capsys):
     assert main(FP8_GEMM + ["--out", str(tmp_path / "o"), "--skip-backends", "flashinfer_cudnn"]) == 0
     text = capsys.readouterr().out
     assert "for its 1 backend with tactics" in text and f"{16 * (8 + 13)} measurements planned" in text
+
+
+QWEN = ["run", "--shapes", "qwen3.5", "--dry-run"]
+
+
+def test_dry_run_plans_for_a_named_gpu_on_a_machine_without_one(tmp_path, capsys, monkeypatch):
+    """The issue's done-when: on this CPU machine the default scope of qwen3.5 for an H200 is printed with
+    a device-time estimate from the H200's own recordings, and the defaults are said with what narrows them."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*QWEN, "--target-device", "NVIDIA H200"]) == 0
+    text = capsys.readouterr().out
+    assert "plan for NVIDIA H200 (SM90" in text and "nothing is measured here" in text
+    head = next(line for line in text.splitlines() if line.startswith("scope: TP 1,2,4,8; "))
+    assert " min of recorded compile and timing seconds (from h200_run_bf16_2026-12-01.jsonl.gz, recorded on " \
+           "NVIDIA H200" in head and "borrowed" not in head
+    assert "triton_moe: 27 problems x 2 GEMMs x batch sizes (18 each) = 972 studies of 40 trials" in text
+    assert "default scope: the qwen3.5 family" in text and "--tp 8" in text and "--budget 1h" in text
+    assert list(tmp_path.iterdir()) == []                          # nothing written, no storage
+
+
+def test_dry_run_for_a_gpu_without_recordings_says_whose_costs_it_borrows(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert main([*QWEN, "--target-device", name]) == 0
+    text = capsys.readouterr().out
+    assert f"plan for {name} (SM120, 101376 B" in text
+    assert (f"h200_run_bf16_2026-12-01.jsonl.gz, borrowed from NVIDIA H200: no Triton MoE recording of {name} is "
+            "committed") in text
+    assert f"borrowed from NVIDIA H200: no backend recording of {name}" in text
+    assert "fp4_gemm: " in text                                   # SM120 runs the FP4 families the H200 cannot
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_target_device_must_be_known_and_only_plans(tmp_path, capsys):
+    assert main([*QWEN, "--target-device", "NVIDIA GeForce 256"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a GPU autotune can plan for; known: 'NVIDIA H200'" in err[0]
+    assert main(["run", "--shapes", "qwen3.5", "--target-device", "NVIDIA H200", "--out", str(tmp_path / "o")]) == 2
+    assert "it needs --dry-run" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -31,7 +31,10 @@ from flashinfer.autotuner.autotuner import (
     _tactic_to_json,
 )
 
-from ..fsutil import write_atomic
+from ..fsutil import json_with, write_atomic
+
+# Ours to merge into: a JSON object in FlashInfer's cache format (what it writes, or we did)
+CACHE_OURS = json_with(_METADATA_KEY)
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -241,7 +244,7 @@ def write_cache(path: str | Path, entries: Iterable[CacheEntry], metadata: Mappi
     raises ValueError and is left as it is."""
     kept, records, disk_meta = kept_entries(path, metadata)
     configs = {**kept, **{e.file_key: e.value for e in entries}}
-    write_atomic(Path(path), _render(disk_meta or dict(metadata), records, configs))
+    write_atomic(Path(path), _render(disk_meta or dict(metadata), records, configs), ours=CACHE_OURS)
 
 
 def _render(meta: Mapping, records: Mapping, configs: Mapping) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..fsutil import write_atomic
+from ..fsutil import NotOurs, claim, write_atomic
 from . import flashinfer as fi
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 
@@ -89,10 +89,17 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
                                   attn_dp_size=attn_dp, moe_ep_size=ep, hf_config_class=hf_config_class, sm=sm,
                                   skip_ops=skip_ops, tp_rank=r, pp_rank=p, dp_rank=0)
              for p in range(pp) for r in range(tp)]
+    blocking = next((p for p in (*reversed(paths[0].parents),) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise InstallError(f"SGLang's cache folder cannot be made: {blocking} is a file (--cache-dir or "
+                           "SGLANG_CACHE_DIR must name a folder)")
     configs: dict = {}
     for path in paths:            # what SGLang already tuned there stays, the same in every rank's file
         try:
+            claim(path, fi.CACHE_OURS)
             configs.update(fi.kept_entries(path, meta)[0])
+        except NotOurs as e:
+            raise InstallError(f"{e}; nothing installed") from None
         except fi.ForeignCache as e:
             raise InstallError(f"{path} belongs to another environment ({e.details}); nothing installed") from None
         except ValueError:
@@ -100,7 +107,7 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     configs.update(ours)
     text = fi._render(meta, records, configs)
     for path in paths:
-        write_atomic(path, text)
+        write_atomic(path, text, ours=fi.CACHE_OURS)
     return paths
 
 

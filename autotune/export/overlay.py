@@ -17,11 +17,10 @@ Our files are the ones provenance.json's `files` names; the overlay is recompute
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from ..device import DeviceInfo
-from ..fsutil import read_json, write_json
+from ..fsutil import copy_file, sha256, write_json
 from ..sglang_versions import valid_releases
 
 OVERLAY = "shipped_overlay"
@@ -35,6 +34,11 @@ def tuned_names(prov: dict) -> set[str]:
         if entry.get("down_file"):
             names.add(entry["down_file"])
     return names
+
+
+def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
+    """An earlier overlay's copy, unchanged since (a copy edited by hand is the user's now)."""
+    return rel in old and (rel not in old_sha or sha256(path) == old_sha[rel])
 
 
 def _pair_name(name: str) -> tuple[str, str]:
@@ -52,14 +56,17 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     from ..kernels.triton_moe import TritonMoe
     from ..sglang_versions import installed
 
+    from .sglang import PROVENANCE_OURS, read_folder_provenance
+
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"
-    prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
+    prov = read_folder_provenance(folder) or {"device": device.to_dict(), "files": {}}
     ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
     tma = TritonMoe._tma_capable(device)
     old = prov.get(OVERLAY, {}).get("files", [])
-    copied, skipped = [], {}
+    old_sha = prov.get(OVERLAY, {}).get("sha256", {})
+    copied, skipped, hashes = [], {}, {}
     tags = {f"device_name={n.replace(' ', '_')}," for n in (device.name, *sku_names)}
     for src in sorted(src_root.glob("triton_*/*.json")):
         plain = src.name.replace("_down.json", ",").replace(".json", ",")
@@ -77,18 +84,18 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
             skipped[rel] = f"SGLang {', '.join(missing)} cannot run it"
             continue
         dst = folder / rel
-        if dst.exists() and rel not in old:
+        if dst.exists() and not _still_ours(dst, rel, old, old_sha):
             skipped[rel] = "a file of that name is already in the folder and is not ours to replace"
             continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
+        copy_file(src, dst)
         copied.append(rel)
+        hashes[rel] = sha256(dst)
     for rel in set(old) - set(copied):              # an earlier overlay's copy no longer wanted
         p = folder / rel
-        if p.name not in ours and p.exists():
+        if p.name not in ours and p.exists() and _still_ours(p, rel, old, old_sha):
             p.unlink()
     record = {"sglang": sglang_version or installed(), "source": str(src_root), "targets": list(targets),
-              "files": copied, "skipped": skipped}
+              "files": copied, "skipped": skipped, "sha256": hashes}
     prov[OVERLAY] = record
-    write_json(prov_path, prov)
+    write_json(prov_path, prov, ours=PROVENANCE_OURS)
     return record

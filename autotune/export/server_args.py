@@ -6,7 +6,12 @@ as comments so one file serves whoever reads it. The full numbers go to backend_
 
 A folder collects the families of every run made into it: a later `--kernels fp8_gemm` run
 replaces the fp8_gemm section and keeps the MoE choice an earlier run wrote (each section says
-when and on what it was measured). The YAML is always rendered from backend_choice.json.
+when and on what it was measured). Our part of the YAML is always rendered from backend_choice.json.
+
+Every line a person wrote in server_args.yaml (a hand-written file, or lines added around ours) is
+kept as it is: ours is one block between BEGIN and END, and a flag the user's lines set stays the
+user's (ours is written as a comment under it). Choices measured on a GPU and replayed ones are
+never mixed in one folder.
 """
 from __future__ import annotations
 
@@ -15,12 +20,15 @@ from pathlib import Path
 
 from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
-from ..fsutil import write_atomic, write_json
+from ..fsutil import json_with, write_atomic, write_json
 from ..backends import FAMILIES, FAMILY_FLAGS
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 
 SERVER_ARGS = "server_args.yaml"
 DETAILS = "backend_choice.json"
+DETAILS_OURS = json_with("device", "families")
+BEGIN = "# autotune: SGLang server arguments"
+END = "# autotune: end of the generated section (lines outside it are kept as they are)"
 MIX_TEXT = {"decode": "decode mix (M <= 64)", "prefill": "prefill mix (M >= 512)"}
 
 
@@ -80,12 +88,12 @@ def _section(family: str, entry: dict) -> tuple[list[str], str | None]:
     return out, (_sglang_value(rec, family, backend) if backend else None)
 
 
-def render(details: dict, path: str | Path) -> str:
+def render(details: dict, path: str | Path, user_flags=frozenset()) -> str:
     """server_args.yaml (to be written at `path`) from a backend_choice.json's content."""
     device = DeviceInfo.from_dict(details["device"])
     families = details["families"]
     checkpoint = details.get("checkpoint")
-    lines = [f"# autotune: SGLang server arguments for {device.name} (SM{device.sm}), {details['date']}",
+    lines = [f"{BEGIN} for {device.name} (SM{device.sm}), {details['date']}",
              f"# families: {', '.join(families)}; MoE runner line for: {checkpoint or '-'}",
              f"# load with: python -m sglang.launch_server --config {path} ..."]
     folder = Path(path).parent
@@ -102,22 +110,64 @@ def render(details: dict, path: str | Path) -> str:
         lines += comments
         if value is None:
             lines.append(f"# {flag}: no backend SGLang can select ran correctly everywhere; SGLang's default stays")
+        elif flag in user_flags:
+            lines.append(f"# {flag}: {value}    # autotune's choice; this file's own {flag} line is kept")
         elif flag == "moe-runner-backend" and name != checkpoint:
             lines.append(f"# {flag}: {value}    # for {name.split('_', 1)[1]} experts (this file is for {checkpoint})")
         else:
             lines.append(f"{flag}: {value}")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + [END]) + "\n"
+
+
+def user_lines(text: str) -> tuple[list[str], list[str]]:
+    """(lines before our block, lines after it) of an existing server_args.yaml: everything but
+    our block is the user's. A file of ours from before the END marker is all ours."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(BEGIN)), None)
+    if start is None:
+        return lines, []
+    end = next((i for i in range(start, len(lines)) if lines[i] == END), None)
+    return lines[:start], ([] if end is None else lines[end + 1:])
+
+
+def _user_flags(path: Path) -> tuple[list[str], list[str], set]:
+    import yaml
+
+    try:
+        text = path.read_text() if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise ChoicesError(f"{path} cannot be read ({e}); not merged") from None
+    before, after = user_lines(text)
+    try:
+        doc = yaml.safe_load("\n".join(before + after)) or {}
+    except yaml.YAMLError as e:
+        raise ChoicesError(f"{path}: its own lines are not valid YAML ({str(e).splitlines()[0]}); "
+                           "not merged (fix them, or move the file away)") from None
+    if not isinstance(doc, dict):
+        raise ChoicesError(f"{path}: its own lines are not a YAML mapping of server flags; not merged")
+    return before, after, set(map(str, doc))
+
+
+def _spliced(path: Path, details: dict) -> str:
+    before, after, flags = _user_flags(path)
+    ours = render(details, path, flags)
+    head = "\n".join(before).rstrip("\n")
+    return (head + "\n\n" if head else "") + ours + ("\n".join(after) + "\n" if after else "")
 
 
 def _read(path: Path) -> dict:
     """A backend_choice.json, its families' provenance filled in where an older file lacks it."""
     try:
         choices = json.loads(path.read_text())
+        from ..config_files import choices_problem
+        why = choices_problem(choices)
+        if why:
+            raise TypeError(why)
         kind, families = DeviceInfo.from_dict(choices["device"]).kind, choices["families"]
     except FileNotFoundError:
         raise ChoicesError(f"{path}: no such file") from None
-    except (ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ChoicesError(f"{path} cannot be read ({e}); move it away to start this folder afresh") from None
     for entry in families.values():        # written before sections carried their own provenance
         entry.setdefault("measured", {"on": kind, "date": choices.get("date", "?")})
@@ -126,6 +176,8 @@ def _read(path: Path) -> dict:
 
 def _existing(folder: Path, device: DeviceInfo) -> dict:
     path = folder / DETAILS
+    if path.is_dir():
+        raise ChoicesError(f"{path} is a folder, not a backend_choice.json")
     if not path.exists():
         return {}
     old = _read(path)
@@ -134,9 +186,24 @@ def _existing(folder: Path, device: DeviceInfo) -> dict:
     return old
 
 
+def _replayed(kind_or_on: str) -> bool:
+    return "replay" in str(kind_or_on)
+
+
+def check_kinds(old: dict, families: dict, path: Path) -> None:
+    """GPU-measured choices and replayed ones are never mixed in one folder (as export refuses for configs)."""
+    for name, entry in old.get("families", {}).items():
+        was = _replayed(entry.get("measured", {}).get("on", ""))
+        for new_name, new in families.items():
+            if _replayed(new.get("measured", {}).get("on", "")) != was:
+                raise ChoicesError(f"{path} holds {name} {'replayed' if was else 'measured on a GPU'}; "
+                                   f"{new_name} {'measured on a GPU' if was else 'replayed'} is not mixed into it "
+                                   "(choose another --out)")
+
+
 def _render_checked(details: dict, path: Path) -> str:
     try:
-        return render(details, path)
+        return _spliced(path, details)
     except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as e:
         raise ChoicesError(f"{path.parent / DETAILS} holds a family without a readable choice "
                            f"({type(e).__name__}: {e}); move it away to start this folder afresh") from None
@@ -149,6 +216,8 @@ def check_folder(out: str | Path, device: DeviceInfo, exact: bool = False) -> No
     old = _existing(folder, device)
     if old:
         _render_checked({"date": "", **old}, folder / SERVER_ARGS)
+    else:
+        _user_flags(folder / SERVER_ARGS)        # a hand-written file's lines must be readable to be kept
 
 
 def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
@@ -162,6 +231,7 @@ def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoin
     """`merge` into exactly `folder` (a serving repo's folder need not be named after the device)."""
     folder = Path(folder)
     old = _existing(folder, device)
+    check_kinds(old, families, folder / DETAILS)
     merged = {**old.get("families", {}), **families}
     merged = {n: merged[n] for n in sorted(merged, key=lambda n: (FAMILIES.index(n) if n in FAMILIES else 99, n))}
     moe = [n for n in merged if FAMILY_FLAGS.get(n) == "moe-runner-backend"]
@@ -172,8 +242,8 @@ def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoin
                "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
     path = folder / SERVER_ARGS
     text = _render_checked(details, path)
-    write_json(folder / DETAILS, details)
-    write_atomic(path, text)
+    write_json(folder / DETAILS, details, ours=DETAILS_OURS)
+    write_atomic(path, text)           # every line the user wrote is in `text`
     return path
 
 
@@ -196,12 +266,34 @@ def merge_folder(src: str | Path, out: str | Path, exact: bool = False) -> Path:
     `out` itself): how the results of separate runs on one GPU model (one per kernel family, say)
     become one file, and how publish adds ours to a serving repo's."""
     src = Path(src)
-    other = _read(src / DETAILS if src.is_dir() else src)
-    if not other["families"]:
-        raise ChoicesError(f"{src} holds no backend choices")
+    other = read_source(src)
     device = DeviceInfo.from_dict(other["device"])
     return (merge_into(out, device, other["families"], other.get("checkpoint")) if exact
             else merge(out, device, other["families"], other.get("checkpoint")))
+
+
+def read_source(src: str | Path) -> dict:
+    """The backend choices of a tuned folder or a backend_choice.json, to be merged elsewhere."""
+    src = Path(src)
+    other = _read(src / DETAILS if src.is_dir() else src)
+    if not isinstance(other["families"], dict) or not other["families"]:
+        raise ChoicesError(f"{src} holds no backend choices")
+    return other
+
+
+def check_merge(sources: list, out: str | Path) -> None:
+    """merge-choices, before anything is written: one GPU model among the sources, and each source's
+    families mergeable into `out`/<device>."""
+    got = [(s, read_source(s)) for s in sources]
+    names = {o["device"].get("name") for _, o in got}
+    if len(names) > 1:
+        raise ChoicesError(f"the sources hold choices of {len(names)} GPU models ({', '.join(sorted(map(str, names)))}); "
+                           "merge the folders of one GPU model at a time")
+    for s, other in got:
+        device = DeviceInfo.from_dict(other["device"])
+        folder = Path(out) / device.file_name
+        check_kinds(_existing(folder, device), other["families"], folder / DETAILS)
+        _user_flags(folder / SERVER_ARGS)
 
 
 def read_values(path: str | Path) -> dict:

@@ -14,13 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo, utc_now
-from ..fsutil import read_json, write_json
+from ..fsutil import FileFormatError, claim, json_with, listed, read_json, sha256, write_json
 from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..select import Choice
 from ..sglang_versions import config_problem, valid_releases
 
 PROVENANCE = "provenance.json"
+# Ours: a provenance.json in our format; a config file is ours where the folder's provenance lists it.
+PROVENANCE_OURS = json_with("files")
 
 
 class ExportError(ValueError):
@@ -34,6 +36,50 @@ def config_dir(out: str | Path, device: DeviceInfo) -> Path:
 
 def _sglang_entry(config: dict) -> dict:
     return canonical(config)
+
+
+def read_folder_provenance(device_folder: str | Path) -> dict | None:
+    """A device folder's provenance.json (None: none yet); NotOurs where a file of that name is not ours."""
+    path = Path(device_folder) / PROVENANCE
+    claim(path, PROVENANCE_OURS)
+    prov = read_json(path, default=None)
+    if prov is not None and not PROVENANCE_OURS(path):
+        return None                           # forced over a file that was not ours: started afresh
+    from ..config_files import provenance_problem
+    why = prov is not None and provenance_problem(prov)
+    if why:
+        raise FileFormatError(f"{path} is not autotune provenance ({why}); fix it, or move it away to start "
+                              "this folder afresh")
+    return prov
+
+
+def ours_in(prov: dict | None):
+    """The files a device folder's provenance calls ours: tuned files, their SKU copies, the overlay."""
+    from .overlay import OVERLAY, tuned_names
+    prov = prov or {}
+    overlay = (prov.get(OVERLAY) or {}).get("files", []) if isinstance(prov.get(OVERLAY), dict) else []
+    return listed(tuned_names(prov) | {str(r) for r in overlay})
+
+
+def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) -> None:
+    """Every file `export_problem` (and the SKU copies) would write for `problems`, checked before
+    anything is measured: NotOurs where one is not ours, ExportError where the folder holds results
+    measured another way."""
+    folder = config_dir(out, device)
+    prov = read_folder_provenance(Path(out) / device.file_name) or {"files": {}}
+    ours = ours_in(prov)
+    tag = f"device_name={device.file_name}"
+    for problem in problems:
+        names = (sglang_file_name(problem, device), sglang_file_name(problem, device, down=True))
+        entry = prov["files"].get(names[0], {})
+        if entry and entry.get("measured_on") != device.kind:
+            raise ExportError(f"{Path(out) / device.file_name / PROVENANCE} holds {names[0]} measured on "
+                              f"'{entry.get('measured_on')}'; results measured on '{device.kind}' are not mixed "
+                              "into it (choose another --out)")
+        for name in names:
+            for sku in ("", *sku_names):
+                n = name.replace(tag, f"device_name={sku.replace(' ', '_')}") if sku else name
+                claim(folder / n, ours)
 
 
 def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[int, Choice],
@@ -50,7 +96,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
 
     folder = config_dir(out, device)
     prov_path = Path(out) / device.file_name / PROVENANCE
-    prov = read_json(prov_path, default=None) or {"device": device.to_dict(), "files": {}}
+    prov = read_folder_provenance(prov_path.parent) or {"device": device.to_dict(), "files": {}}
+    ours = ours_in(prov)
     up_name = sglang_file_name(problem, device)
     down_name = sglang_file_name(problem, device, down=True)
     old_entry = prov["files"].get(up_name, {})
@@ -59,8 +106,9 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
                           f"results measured on '{device.kind}' are not mixed into it (choose another --out)")
     same_stack = (old_entry.get("device") == device.name
                   and old_entry.get("triton") == device.versions.get("triton"))
-    old_up = read_json(folder / up_name, default={}) or {}
-    old_down = read_json(folder / down_name, default={}) or {}
+    # only a file the provenance lists is ours to merge with (forced over another: replaced)
+    old_up = (read_json(folder / up_name, default={}) or {}) if old_entry else {}
+    old_down = (read_json(folder / down_name, default={}) or {}) if old_entry else {}
 
     per_m: dict = {}
     up_json, down_json, kept = {}, {}, {}
@@ -95,8 +143,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     missing = [v for v in targets if v not in valid]
     if missing:   # the selection honours the targets; this guards the merge and any future path
         raise ExportError(f"{up_name}: the merged file would not run in SGLang {', '.join(missing)}; nothing written")
-    write_json(folder / up_name, up_json)
-    write_json(folder / down_name, down_json)
+    write_json(folder / up_name, up_json, ours=ours)
+    write_json(folder / down_name, down_json, ours=ours)
     prov["device"] = device.to_dict()
     prov["files"][up_name] = {
         "down_file": down_name, "problem": problem.to_dict(), "device": device.name,
@@ -107,8 +155,10 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
                         if device.is_replay else ""),
         "date": utc_now(), "run": {k: v for k, v in run.items() if k != "per_M"}, "per_M": per_m,
         "kept_existing": {str(k): v for k, v in kept.items()},
+        # what was written, so `autotune check` sees a hand edit
+        "sha256": {n: sha256(folder / n) for n in (up_name, down_name)},
     }
-    write_json(prov_path, prov)
+    write_json(prov_path, prov, ours=PROVENANCE_OURS)
     return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept}
 
 

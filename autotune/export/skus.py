@@ -9,10 +9,9 @@ power limits differ between SKUs: a copy is a strong start, not a measurement).
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
-from ..fsutil import read_json, write_json
+from ..fsutil import copy_file, sha256, write_json
 
 # What torch.cuda.get_device_name() returns: printable ASCII words; nothing SGLang's file name
 # grammar uses (',' '=' '[' ']'), no path separators.
@@ -50,9 +49,12 @@ def same_chip(a: str, b: str) -> bool | None:
 
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
     """Write each of the folder's tuned files again under each SKU name; returns the files written."""
+    from .sglang import PROVENANCE_OURS, ours_in, read_folder_provenance
+
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"
-    prov = read_json(prov_path, default=None) or {}
+    prov = read_folder_provenance(folder) or {}
+    ours = ours_in(prov)
     src_tag = f"device_name={measured_name.replace(' ', '_')}"
     written = []
     for name in names:
@@ -65,10 +67,11 @@ def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str
             triton_dir = folder / "configs" / f"triton_{str(entry.get('triton')).replace('.', '_')}"
             new_up, new_down = up.replace(src_tag, tag), entry["down_file"].replace(src_tag, tag)
             for old, new in ((up, new_up), (entry["down_file"], new_down)):
-                shutil.copyfile(triton_dir / old, triton_dir / new)
+                copy_file(triton_dir / old, triton_dir / new, ours=ours)
                 written.append(str(triton_dir / new))
             prov["files"][new_up] = {**entry, "down_file": new_down, "device": name,
                                      "measured_on_sku": entry.get("device") or measured_name,
-                                     "sku_note": "copied from a measurement on another SKU of the same chip"}
-    write_json(prov_path, prov)
+                                     "sku_note": "copied from a measurement on another SKU of the same chip",
+                                     "sha256": {n: sha256(triton_dir / n) for n in (new_up, new_down)}}
+    write_json(prov_path, prov, ours=PROVENANCE_OURS)
     return written

@@ -77,4 +77,10 @@ def write_blocklist(path: str | Path, invalid: Mapping[str, list], metadata: Map
     for key, tactics in invalid.items():
         have = merged.setdefault(key, [])
         have.extend(t for t in tactics if t not in have)
-    TacticsBlocklist.save(str(path), merged, dict(metadata))
+    # FlashInfer's own writer lays the file out; ours puts it in place (atomic, our mode, ownership)
+    import tempfile
+
+    from ..fsutil import json_with, write_bytes
+    with tempfile.TemporaryDirectory() as tmp:
+        TacticsBlocklist.save(str(Path(tmp) / path.name), merged, dict(metadata))
+        write_bytes(path, (Path(tmp) / path.name).read_bytes(), ours=json_with("invalid_tactics"))

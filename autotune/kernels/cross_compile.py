@@ -20,7 +20,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..fsutil import write_json
+from ..fsutil import read_json, write_json
 from ..records import canonical
 from ..spaces import SPACES_DIR
 
@@ -127,10 +127,9 @@ def record(sm: int, problems, family, out: Path | None = None, log=print) -> Pat
     out = out or COMPILED_DIR / f"sm{sm}.json"
     device = planned(sm)
     doc = {"triton": triton.__version__, "sm": sm, "records": {}}
-    if out.exists():
-        old = json.loads(out.read_text())
-        if old.get("triton") == triton.__version__:
-            doc = old
+    old = read_json(out, default=None)       # cmd_compile_limits refused a file there that is not a record
+    if isinstance(old, dict) and old.get("triton") == triton.__version__ and isinstance(old.get("records"), dict):
+        doc = old
     try:
         import importlib.metadata as md
         doc["sglang"] = md.version("sglang")

@@ -15,6 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .. import inputs
 from . import HarnessError, ValidateError
 
 EXIT_GATE_FAILED = 1
@@ -31,38 +32,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("sglang", "harness"), required=True,
                    help="sglang: SGLang's server + its benchmarks (real path); harness: the built-in decode "
                         "harness for GPUs where the server cannot run")
-    p.add_argument("--configs", help="tuned folder, tuned_configs/<device> (harness default: tuned_configs/<this GPU>)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (server --tp-size; harness per-rank shapes)")
-    p.add_argument("--repeats", type=int, help="runs per side, interleaved (default: 3 sglang, 5 harness)")
+    p.add_argument("--configs", type=inputs.path, help="tuned folder, tuned_configs/<device> (harness default: tuned_configs/<this GPU>)")
+    p.add_argument("--tp", type=inputs.count(1), default=1, help="tensor parallel size (server --tp-size; harness per-rank shapes)")
+    p.add_argument("--repeats", type=inputs.count(1), help="runs per side, interleaved (default: 3 sglang, 5 harness)")
     p.add_argument("--gate", action="store_true", help="exit 1 when tuned is slower than baseline beyond noise anywhere")
     p.add_argument("--allow-regression", action="store_true", help="record regressions instead of failing the gate")
-    p.add_argument("--min-effect", type=float, default=0.01,
+    p.add_argument("--min-effect", type=inputs.number(0, most=1), default=0.01,
                    help="smallest relative change ever called a gain or regression (default 0.01)")
-    p.add_argument("--out", help="folder for validation.json / .png / report.md (default: the --configs folder)")
+    p.add_argument("--out", type=inputs.path, help="folder for validation.json / .png / report.md (default: the --configs folder)")
     g = p.add_argument_group("--engine sglang")
-    g.add_argument("--model-path", help="model folder (config.json + tokenizer; no weights = --load-format dummy)")
-    g.add_argument("--concurrencies", help=f"serving concurrencies (default {DEFAULT_POINTS})")
-    g.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
-    g.add_argument("--output-len", type=int, default=256, help="generated tokens per request (default 256)")
-    g.add_argument("--prompts-per-concurrency", type=int, default=4,
+    g.add_argument("--model-path", type=inputs.path, help="model folder (config.json + tokenizer; no weights = --load-format dummy)")
+    g.add_argument("--concurrencies", type=inputs.int_list(), help=f"serving concurrencies (default {DEFAULT_POINTS})")
+    g.add_argument("--input-len", type=inputs.count(1), default=1024, help="prompt tokens per request (default 1024)")
+    g.add_argument("--output-len", type=inputs.count(1), default=256, help="generated tokens per request (default 256)")
+    g.add_argument("--prompts-per-concurrency", type=inputs.count(1), default=4,
                    help="requests per serving run = this x concurrency, at least 8 (default 4)")
-    g.add_argument("--warmup-requests", type=int, default=4, help="serving warm-up requests (default 4)")
+    g.add_argument("--warmup-requests", type=inputs.count(0), default=4, help="serving warm-up requests (default 4)")
     g.add_argument("--no-one-batch", action="store_true", help="skip the single-request one_batch_server run")
     g.add_argument("--server-args", help='extra launch_server arguments for both sides, e.g. '
                                          '--server-args="--mem-fraction-static 0.85"')
-    g.add_argument("--port", type=int, help="server port (default: a free loopback port per start)")
-    g.add_argument("--health-timeout", type=float, default=1800.0, help="seconds to wait for a healthy server")
-    g.add_argument("--bench-timeout", type=float, default=3600.0, help="seconds one benchmark run may take")
+    g.add_argument("--port", type=inputs.count(1, 65535), help="server port (default: a free loopback port per start)")
+    g.add_argument("--health-timeout", type=inputs.number(positive=True), default=1800.0, help="seconds to wait for a healthy server")
+    g.add_argument("--bench-timeout", type=inputs.number(positive=True), default=3600.0, help="seconds one benchmark run may take")
     g.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
-    g.add_argument("--from-runs", metavar="DIR", action="append",
+    g.add_argument("--from-runs", metavar="DIR", action="append", type=inputs.path,
                    help="judge the runs scripts/sglang_arms_h200.sh left in DIR (default, shipped and tuned arms "
                         "of SGLang's own bench_one_batch / server; repeatable) instead of starting servers here")
     g = p.add_argument_group("--engine harness")
     g.add_argument("--model", help="model preset, e.g. qwen3.5-397b-a17b")
-    g.add_argument("--model-config", help="an HF config.json (or its folder) instead of a preset")
+    g.add_argument("--model-config", type=inputs.path, help="an HF config.json (or its folder) instead of a preset")
     g.add_argument("--dtype", default="bf16", help="expert dtype: bf16, fp8_w8a8_block, fp8_w8a8 (default bf16)")
-    g.add_argument("--batch-sizes", help=f"decode batch sizes (default {DEFAULT_POINTS})")
-    g.add_argument("--layers", type=int, help="layers in the timed step (default 8, whole 3:1 groups)")
+    g.add_argument("--batch-sizes", type=inputs.int_list(), help=f"decode batch sizes (default {DEFAULT_POINTS})")
+    g.add_argument("--layers", type=inputs.count(1), help="layers in the timed step (default 8, whole 3:1 groups)")
+    from ..cli_parser import add_force
+    add_force(p)
     p.set_defaults(fn=cmd_validate)
     return p
 
@@ -93,13 +96,11 @@ def cmd_validate(args) -> int:
 
     try:
         with _SigtermAsInterrupt():
-            if args.repeats is not None and args.repeats <= 0:
-                raise ValidateError("--repeats must be positive")
             if args.engine == "sglang":
                 return _validate_sglang(args)
             return _validate_harness(args)
     except (ValidateError, ModelError) as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {inputs.one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("autotune: validate interrupted; every server it started has been stopped", file=sys.stderr)
@@ -127,10 +128,13 @@ def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_labe
 
 
 def _check_out(out: Path) -> None:
-    from ..fsutil import check_writable
+    """The --out folder can be written and holds no file of validate's names that is not ours."""
+    from ..fsutil import NotOurs, check_writable, claim_all
+    from .report import report_targets
     try:
         check_writable(out)
-    except OSError as e:
+        claim_all(report_targets(out))
+    except (OSError, NotOurs) as e:
         raise ValidateError(str(e)) from None
 
 
@@ -154,10 +158,6 @@ def _validate_sglang(args) -> int:
     concurrencies = _ints(args.concurrencies, "--concurrencies")
     if args.port is not None:
         check_port_free(args.port)
-    for what, v in (("--input-len", args.input_len), ("--output-len", args.output_len),
-                    ("--prompts-per-concurrency", args.prompts_per_concurrency)):
-        if v <= 0:
-            raise ValidateError(f"{what} must be positive")
     out = Path(args.out) if args.out else configs.root
     _check_out(out)
     stamp = utc_now().replace(":", "").replace("+0000", "Z")

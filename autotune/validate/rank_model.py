@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from ..fsutil import write_json
+from ..fsutil import claim, json_with, listed, read_json, write_atomic, write_json
 from ..models import ModelError, MoeModel
 
 # Text-config keys split across TP ranks; KV heads are special (replicated below TP).
@@ -138,7 +138,7 @@ def _tokenizer(folder: Path) -> None:
     vocab = {"<unk>": 0, "<eos>": 1, **{f"t{i}": i + 2 for i in range(998)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(folder / "tokenizer.json"))
+    write_atomic(folder / "tokenizer.json", tok.to_str())
     write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
                                                   "eos_token": "<eos>", "model_max_length": 262144}, indent=1)
 
@@ -154,16 +154,36 @@ def _vl_processor(folder: Path) -> None:
                     video_processor_type="Qwen3VLVideoProcessor"), indent=1)
 
 
+# The folder's list of what rank-model wrote there: only those files are ever replaced.
+MANIFEST = "autotune_rank_model.json"
+WRITES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+VL_WRITES = ("preprocessor_config.json", "video_preprocessor_config.json")
+
+
 def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None = None,
                      fp8_block: bool = False) -> Path:
-    """Write the config-only folder of one TP rank; refuses a folder that holds weights."""
+    """Write the config-only folder of one TP rank; refuses a folder that holds weights, and any
+    file there that an earlier rank-model did not write (unless --force)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ModelError(f"--out {folder} is a file; name a folder")
     if folder.exists() and any(f.suffix in (".safetensors", ".bin", ".pt") for f in folder.iterdir()):
         raise ModelError(f"{folder} holds weight files: not overwriting a real model folder")
     cfg = rank_config(hf, tp, layers, fp8_block)
-    folder.mkdir(parents=True, exist_ok=True)
+    vl = any("VL" in str(a) or "ConditionalGeneration" in str(a) for a in cfg.get("architectures") or [])
+    names = WRITES + (VL_WRITES if vl else ())
+    manifest_ours = json_with("written_by", "files")
+    claim(folder / MANIFEST, manifest_ours)
+    try:
+        before = read_json(folder / MANIFEST, default=None) or {}
+    except ValueError:
+        before = {}
+    ours = listed(before.get("files") or [] if isinstance(before.get("files"), list) else [])
+    for name in names:                         # all refused before any is written
+        claim(folder / name, ours)
     write_json(folder / "config.json", cfg, indent=1)
     _tokenizer(folder)
-    if any("VL" in a or "ConditionalGeneration" in a for a in cfg.get("architectures", [])):
+    if vl:
         _vl_processor(folder)
+    write_json(folder / MANIFEST, {"written_by": "autotune rank-model", "files": list(names)}, ours=manifest_ours)
     return folder

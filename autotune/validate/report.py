@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ..device import software_versions, utc_now
-from ..fsutil import read_json, save_figure, write_atomic, write_json
+from ..fsutil import bytes_holding, claim_all, json_with, read_json, save_figure, text_starting, write_atomic, write_json
 from .gate import Comparison, GateResult
 
 VALIDATION_JSON = "validation.json"
@@ -118,12 +118,30 @@ def _us(v) -> str:
     return f"{v:.2f}" if isinstance(v, (int, float)) else "-"
 
 
+# What validate writes into its --out folder, each with what makes an existing file of that name ours.
+def report_targets(out_dir: str | Path) -> list:
+    out = Path(out_dir)
+    return [(out / VALIDATION_JSON, json_with("gate")),
+            (out / REPORT_MD, text_starting("# Validation: ")),
+            (out / PLOT_PNG, lambda p: bytes_holding(b"autotune")(p) or _named_by_record(p))]
+
+
+def _named_by_record(png: Path) -> bool:
+    """A plot from before plots carried our mark: ours where our validation.json beside it names it."""
+    try:
+        rec = read_json(png.parent / VALIDATION_JSON, default=None)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and "gate" in rec and (rec.get("files") or {}).get("plot") == png.name
+
+
 def write_reports(out_dir: str | Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
                   intro: list[str], provenance: Path | None = None,
                   extra_cols: dict[str, dict[str, str]] | None = None, plotter=None) -> dict[str, Path]:
     """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`;
     `plotter(path) -> bool` draws the figure instead of the baseline-vs-tuned default."""
     out = Path(out_dir)
+    claim_all(report_targets(out))
     paths = {"json": out / VALIDATION_JSON, "plot": out / PLOT_PNG, "md": out / REPORT_MD}
     unit = comparisons[0].unit if comparisons else "tok/s"
     has_plot = bool(comparisons) and (plotter(paths["plot"]) if plotter else plot(

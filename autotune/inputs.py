@@ -1,0 +1,153 @@
+"""The command line's values, typed once: every numeric flag, list and path goes through one of
+these argparse types, so a bad value is refused by the parser in one line (`BadInput`, exit 2)
+before any command runs, and the commands only see values in range.
+
+Durations need a unit (`--budget 20` was silently 20 seconds); counts are integers (a bool or a
+float is not one); floats are finite; output paths are named.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+# argparse shows these names in its own messages ("invalid count value"): we say what is wrong instead.
+DURATION_FORMS = "90s, 20m or 1.5h"
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+class BadInput(Exception):
+    """A flag's value (or the command line itself) is wrong: one line, exit 2."""
+
+
+def one_line(error) -> str:
+    """An error's text as the one line the CLI prints (a library's message may span several)."""
+    return " ".join(str(error).split())
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors one line each (`autotune: error: --flag ...`) raised, not printed
+    with the usage and a SystemExit: main says it and returns 2 (in-process callers see the code)."""
+
+    def error(self, message: str):
+        m = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
+        if m:
+            flag, what = m.group(1).split("/")[-1], m.group(2)
+            message = f"{flag} {what}" if what.startswith(("must ", "has ", "lists ")) else f"{flag}: {what}"
+        raise BadInput(f"{message} ({self.prog} --help lists the flags)"
+                       if "unrecognized arguments" in message or "required" in message else message)
+
+
+def _typed(fn, name: str):
+    fn.__name__ = name          # argparse names the type in its fallback message
+    return fn
+
+
+def _in_range(v, shown, least, most):
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least:g}, got {shown}")
+    if most is not None and v > most:
+        raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {shown}")
+    return v
+
+
+def count(least: int = 1, most: int | None = None):
+    """An integer >= `least` (and <= `most`)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        return _in_range(v, v, least, most)
+    return _typed(parse, "count")
+
+
+def number(least: float = 0.0, positive: bool = False, most: float | None = None):
+    """A finite float >= `least` (> 0 with `positive`)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if positive and v <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+        return _in_range(v, repr(text), least, most)
+    return _typed(parse, "number")
+
+
+def seconds(text: str) -> float:
+    """A duration with its unit: 90s, 20m, 1.5h -> seconds (> 0)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([smh])\s*", str(text))
+    if not m:
+        if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", str(text)):
+            raise argparse.ArgumentTypeError(f"has no unit in {text!r}: write it as {DURATION_FORMS}")
+        raise argparse.ArgumentTypeError(f"must look like {DURATION_FORMS}, got {text!r}")
+    v = float(m.group(1)) * _UNITS[m.group(2)]
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return v
+
+
+seconds = _typed(seconds, "duration")
+
+
+def int_list(limit: tuple[int, str] | None = None):
+    """A comma-separated list of distinct positive integers (models.parse_int_list's rules)."""
+    def parse(text: str) -> tuple[int, ...]:
+        from .models import ModelError, parse_int_list
+        try:
+            return parse_int_list(text, "", limit)
+        except ModelError as e:
+            raise argparse.ArgumentTypeError(str(e).lstrip(": ")) from None
+    return _typed(parse, "list")
+
+
+def shard(text: str) -> tuple[int, int]:
+    """i/n: every n-th config starting at i, 0 <= i < n."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"must look like i/n (e.g. 0/4), got {text!r}")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or i >= n:
+        raise argparse.ArgumentTypeError(f"must have 0 <= i < n, got {text!r}")
+    return i, n
+
+
+shard = _typed(shard, "shard")
+
+
+def gpus(text: str) -> str:
+    """'all' or a list of GPU indices."""
+    if str(text).strip() == "all":
+        return "all"
+    if not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", str(text)):
+        raise argparse.ArgumentTypeError(f"must be 'all' or GPU indices like 0,1, got {text!r}")
+    return ",".join(g.strip() for g in str(text).split(","))
+
+
+gpus = _typed(gpus, "gpus")
+
+
+def sm(text: str) -> int:
+    """A compute capability autotune knows (device.SMEM_OPTIN)."""
+    from .device import SMEM_OPTIN
+    v = count(1)(text)
+    if v not in SMEM_OPTIN:
+        raise argparse.ArgumentTypeError(f"must be a known compute capability ({', '.join(map(str, sorted(SMEM_OPTIN)))}), "
+                                         f"got {v}")
+    return v
+
+
+sm = _typed(sm, "sm")
+
+
+def path(text: str) -> str:
+    """A named file or folder (an empty string is not one)."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("must name a path, got ''")
+    return text
+
+
+path = _typed(path, "path")

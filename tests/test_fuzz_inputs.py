@@ -1,0 +1,500 @@
+"""Bad input found by generation, not by listing (hypothesis): model configs, search spaces,
+recordings, provenance and flags are mutated, the commands run in-process on them, and every run
+must keep the one invariant of docs/RELIABILITY.md:
+
+- no exception escapes `main` (a traceback fails the example);
+- exit 0 with something useful on stdout and no error line, or a non-zero exit; exit 2 with exactly
+  one line on stderr, `autotune: error: ...`;
+- every file that existed before is byte-identical after, and nothing lands outside the example's
+  own folder (each example runs with its folder as the working directory).
+
+Quick tier (the README's quick command): a bounded number of examples per property; the slow tier
+(.ci/run) runs 24x as many. Both are derandomized (CI's verdict is the code's); AUTOTUNE_FUZZ_RANDOM=1
+draws new examples. Cases it found and the code fixed are counted
+in docs/RELIABILITY.md."""
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune.cli import main
+from tests.conftest import GRID, ROOT
+
+TIERS = [pytest.param(("quick", 1), id="quick"), pytest.param(("slow", 8), id="slow", marks=pytest.mark.slow)]
+SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
+PROVENANCE_FOLDER = ROOT / "tuned_configs/NVIDIA_H200"
+CONFIG = {"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40, "num_experts": 256,
+          "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+          "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+          "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+          "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+ONE = ["--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe"]
+
+# values a hand-edited or generated file may hold where a number belongs
+values = st.one_of(
+    st.integers(-3, 3), st.integers(-2**70, 2**70), st.sampled_from([0, 1, 7, 128, 4096, 2**31, 10**9]),
+    st.booleans(), st.none(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.sampled_from(["sixty", "64", "", "1e3", "NaN", "-1"]),
+    st.lists(st.integers(-2, 300), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+# what a user types where a number or a list belongs
+flag_text = st.one_of(
+    st.sampled_from(["0", "-1", "1", "8", "nan", "inf", "-inf", "1e400", "20", "20m", "5x", "", " ", "1,1",
+                     "1,,2", "3/2", "0/1", "abc", "1.5", "0.0", "-0", "99999999999999999999", "all", "8,64",
+                     "1.5h", "0s", ".5m", "٣"]),
+    st.text(max_size=6), st.integers(-10, 10**6).map(str), st.floats().map(str))
+
+
+def _snapshot(root: Path) -> dict:
+    """Every file's hash; git's own store is left out (publish adds a commit: that is its output)."""
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*")
+            if p.is_file() and ".git" not in p.relative_to(root).parts}
+
+
+@contextlib.contextmanager
+def _example():
+    """A fresh folder, also the working directory, for one generated example."""
+    with tempfile.TemporaryDirectory(prefix="autotune-fuzz-") as d:
+        old = os.getcwd()
+        os.chdir(d)
+        try:
+            yield Path(d)
+        finally:
+            os.chdir(old)
+
+
+def _holds(capsys, argv, root: Path, codes=(0, 1, 2)) -> int:
+    """Run `argv` in-process and check the invariant; returns the exit code."""
+    before = _snapshot(root)
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert rc in codes, (argv, rc, err)
+    assert "Traceback" not in err, err
+    if rc == 0:
+        assert out.strip() and not any(line.startswith("autotune: error") for line in lines), (argv, out, err)
+    if rc == 2:
+        assert len(lines) == 1 and lines[0].startswith("autotune: error: "), (argv, err)
+    after = _snapshot(root)
+    assert {p: h for p, h in after.items() if p in before} == before, argv
+    return rc
+
+
+def _settings(tier, quick: int):
+    """Both tiers derandomized (CI gives the same verdict on the same code); AUTOTUNE_FUZZ_RANDOM=1
+    explores new examples, which is how the cases docs/RELIABILITY.md counts were found."""
+    name, scale = tier
+    return settings(max_examples=quick * scale * (1 if name == "quick" else 3), deadline=None, database=None,
+                    derandomize=os.environ.get("AUTOTUNE_FUZZ_RANDOM") != "1",
+                    suppress_health_check=list(HealthCheck))
+
+
+# --- model configs ----------------------------------------------------------------------------------
+
+@st.composite
+def model_configs(draw):
+    cfg = dict(CONFIG)
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(CONFIG) + ["num_local_experts", "n_routed_experts", "moe_top_k",
+                                                     "intermediate_size", "mtp_num_hidden_layers", "attn_output_gate"]))
+        if draw(st.booleans()):
+            cfg.pop(key, None)
+        else:
+            cfg[key] = draw(values)
+    shape = draw(st.sampled_from(["flat", "nested", "nested-odd"]))
+    if shape == "nested":
+        return {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+                "text_config": cfg}
+    if shape == "nested-odd":
+        return {"text_config": draw(st.one_of(values, st.just(cfg)))}
+    return cfg
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_model_configs(tier, capsys):
+    @_settings(tier, 25)
+    @given(model_configs(), st.sampled_from(["shapes", "rank-model", "dry-run"]), st.sampled_from(["1", "2", "8"]))
+    def prop(cfg, command, tp):
+        with _example() as root:
+            (root / "config.json").write_text(json.dumps(cfg))
+            argv = {"shapes": ["shapes", "--model-config", "config.json", "--tp", tp],
+                    "rank-model": ["rank-model", "--model-config", "config.json", "--tp", tp, "--out", "rank"],
+                    "dry-run": ["run", "--model-config", "config.json", "--tp", tp, "--dry-run", "--target-device",
+                                "NVIDIA H200", "--kernels", "triton_moe,fp8_gemm"]}[command]
+            _holds(capsys, argv, root)
+    prop()
+
+
+# --- search spaces ----------------------------------------------------------------------------------
+
+@st.composite
+def spaces(draw):
+    text = SPACE
+    for _ in range(draw(st.integers(1, 2))):
+        how = draw(st.sampled_from(["value", "drop-line", "add-key", "family", "indent", "truncate"]))
+        lines = text.splitlines()
+        i = draw(st.integers(0, len(lines) - 1))
+        if how == "value" and ":" in lines[i]:
+            key = lines[i].split(":")[0]
+            lines[i] = f"{key}: {json.dumps(draw(values))}"
+        elif how == "drop-line":
+            del lines[i]
+        elif how == "add-key":
+            lines.insert(i, f"{'  ' * draw(st.integers(0, 3))}{draw(st.sampled_from(['BLOCK_SIZE_Q', 'arch', 'sm75', 'params', 'gate_up']))}: "
+                            f"{json.dumps(draw(values))}")
+        elif how == "family":
+            lines = [f"family: {draw(st.sampled_from(['triton_moe', 'fp8_gemm', '']))}" if line.startswith("family:")
+                     else line for line in lines]
+        elif how == "indent":
+            lines[i] = " " + lines[i]
+        else:
+            lines = lines[:i]
+        text = "\n".join(lines) + "\n"
+    return text
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_search_spaces(tier, capsys):
+    @_settings(tier, 20)
+    @given(spaces())
+    def prop(text):
+        with _example() as root:
+            (root / "s.yaml").write_text(text)
+            _holds(capsys, ["run", *ONE, "--replay", GRID, "--search-space", "s.yaml", "--dry-run",
+                            "--batch-sizes", "8"], root)
+    prop()
+
+
+# --- recordings -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_recording(tmp_path_factory) -> list[str]:
+    """The H200 grid at M=8 only: the lines of a recording a replay run reads in a second."""
+    from autotune.records import Cache, read_cache, write_cache
+
+    grid = read_cache(GRID)
+    small = Cache(grid.device, {k: m for k, m in grid.records.items() if m.M == 8}, grid.problems, grid.notes)
+    path = tmp_path_factory.mktemp("rec") / "small.jsonl.gz"
+    write_cache(path, small)
+    with gzip.open(path, "rt") as f:
+        return f.read().splitlines()
+
+
+HEADER_PATHS = [("device", "name"), ("device", "sm"), ("device", "versions"), ("device",), ("problems",),
+                ("notes", "compile_workers"), ("version",), ("kind",),
+                ("problems", "E=512,N=128,K=4096,topk=10,bf16", "E"),
+                ("problems", "E=512,N=128,K=4096,topk=10,bf16", "batch_sizes"),
+                ("problems", "E=512,N=128,K=4096,topk=10,bf16", "dtype")]
+RECORD_FIELDS = ["M", "config", "status", "time_us", "spread", "gemm", "problem", "error", "compile_s", "bench_s",
+                 "samples", "tactics"]
+# one edit of a recording: (what, where (a fraction of the file), which field, the value put there)
+recording_edits = st.lists(st.tuples(st.sampled_from(["header", "record", "garbage", "truncate"]), st.floats(0, 1),
+                                     st.integers(0, 99), values), min_size=1, max_size=3)
+
+
+def _edited(lines: list[str], edits) -> str:
+    """The recording's lines with `edits` applied (a small, readable falsifying example)."""
+    lines = list(lines)
+    for what, where, which, value in edits:
+        i = min(len(lines) - 1, 1 + int(where * (len(lines) - 1)))
+        if what == "header" and lines:
+            try:
+                head = json.loads(lines[0])
+            except ValueError:
+                continue
+            path, node = HEADER_PATHS[which % len(HEADER_PATHS)], head
+            for k in path[:-1]:
+                node = node.setdefault(k, {}) if isinstance(node, dict) else {}
+            if isinstance(node, dict):
+                node[path[-1]] = value
+            lines[0] = json.dumps(head)
+        elif what == "record" and len(lines) > 1:
+            try:
+                rec = json.loads(lines[i])
+            except ValueError:
+                continue                    # an earlier edit's garbage line
+            if isinstance(rec, dict):
+                rec[RECORD_FIELDS[which % len(RECORD_FIELDS)]] = value
+                lines[i] = json.dumps(rec)
+        elif what == "garbage":
+            lines.insert(max(1, i), ["{", "[]", "null", "1", "{}", json.dumps(value)][which % 6])
+        elif what == "truncate":
+            lines = lines[: int(where * len(lines))]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_recordings(tier, capsys, small_recording):
+    @_settings(tier, 8)
+    @given(recording_edits, st.sampled_from(["run", "dry-run", "merge-caches"]))
+    def prop(edits, command):
+        with _example() as root:
+            with gzip.open(root / "rec.jsonl.gz", "wt") as f:
+                f.write(_edited(small_recording, edits))
+            argv = {"run": ["run", *ONE, "--replay", "rec.jsonl.gz", "--trials", "1", "--batch-sizes", "8", "--quiet",
+                            "--out", "out", "--storage", "sqlite:///a.db"],
+                    "dry-run": ["run", *ONE, "--replay", "rec.jsonl.gz", "--dry-run"],
+                    "merge-caches": ["merge-caches", "rec.jsonl.gz", str(GRID), "-o", "merged.jsonl.gz"]}[command]
+            _holds(capsys, argv, root)
+    prop()
+
+
+# --- provenance -------------------------------------------------------------------------------------
+
+PROV = json.loads((PROVENANCE_FOLDER / "provenance.json").read_text())
+
+
+def _paths(node, prefix=()):
+    """Every key path of a JSON document, down to 4 levels."""
+    if len(prefix) < 4 and isinstance(node, dict):
+        for k, v in node.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+PROV_PATHS = sorted({p for p in _paths(PROV) if "per_M" not in p or len(p) <= 4}, key=str)
+
+
+@st.composite
+def provenances(draw):
+    prov = json.loads(json.dumps(PROV))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(PROV_PATHS))
+        node = prov
+        for k in path[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            if draw(st.booleans()):
+                node.pop(path[-1], None)
+            else:
+                node[path[-1]] = draw(values)
+    return draw(st.one_of(st.just(prov), st.just(prov), st.just(prov), values))
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_provenance(tier, capsys):
+    @_settings(tier, 15)
+    @given(provenances(), st.sampled_from(["check", "only-drifted", "publish"]))
+    def prop(prov, command):
+        with _example() as root:
+            folder = root / "NVIDIA_H200"
+            shutil.copytree(PROVENANCE_FOLDER, folder)
+            (folder / "provenance.json").write_text(json.dumps(prov))
+            if command == "publish":
+                repo = root / "serving"
+                repo.mkdir()
+                import subprocess
+                subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+                subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                "--allow-empty", "-m", "init"], check=True)
+            argv = {"check": ["check", folder, "--sglang-version", "0.5.23"],
+                    "only-drifted": ["run", "--only-drifted", folder, "--replay", GRID, "--dry-run",
+                                     "--sglang-version", "0.5.16"],
+                    "publish": ["publish", "--to", root / "serving", "--from", folder]}[command]
+            _holds(capsys, argv, root)
+    prop()
+
+
+# --- the files of a tuned folder ---------------------------------------------------------------------
+
+CHOICE = json.loads((PROVENANCE_FOLDER / "backend_choice.json").read_text())
+CHOICE_PATHS = sorted(_paths(CHOICE), key=str)
+BF16 = "configs/triton_3_6_0/E=512,N=128,device_name=NVIDIA_H200.json"
+folder_edits = st.lists(st.tuples(st.sampled_from(["choice", "config", "server_args"]), st.integers(0, 10**6),
+                                  st.booleans(), values), min_size=1, max_size=3)
+
+
+def _edit_folder(folder: Path, edits) -> None:
+    choice, config = json.loads(json.dumps(CHOICE)), json.loads((folder / BF16).read_text())
+    for what, which, drop, value in edits:
+        if what == "server_args":
+            lines = (folder / "server_args.yaml").read_text().splitlines()
+            lines.insert(which % (len(lines) + 1), f"{['tp-size', 'moe-runner-backend', '# x', '- a', ':'][which % 5]}: "
+                                                    f"{json.dumps(value)}" if not drop else "  : [")
+            (folder / "server_args.yaml").write_text("\n".join(lines) + "\n")
+            continue
+        doc, paths = (choice, CHOICE_PATHS) if what == "choice" else (config, sorted(_paths(config), key=str))
+        path, node = paths[which % len(paths)], doc
+        for k in path[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None) if drop else node.__setitem__(path[-1], value)
+    (folder / "backend_choice.json").write_text(json.dumps(choice))
+    (folder / BF16).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_tuned_folder_files(tier, capsys):
+    @_settings(tier, 12)
+    @given(folder_edits, st.sampled_from(["check", "merge-choices", "merge-choices-onto", "publish"]))
+    def prop(edits, command):
+        with _example() as root:
+            folder = root / "NVIDIA_H200"
+            shutil.copytree(PROVENANCE_FOLDER, folder)
+            _edit_folder(folder, edits)
+            if command == "merge-choices-onto":       # the edited folder is the destination
+                shutil.copytree(PROVENANCE_FOLDER, root / "src" / "NVIDIA_H200")
+            if command == "publish":
+                import subprocess
+                subprocess.run(["git", "init", "-q", "-b", "main", str(root / "serving")], check=True)
+                subprocess.run(["git", "-C", str(root / "serving"), "-c", "user.name=t", "-c", "user.email=t@t",
+                                "commit", "-q", "--allow-empty", "-m", "init"], check=True)
+            argv = {"check": ["check", folder, "--sglang-version", "0.5.23"],
+                    "merge-choices": ["merge-choices", folder, "--out", root / "merged"],
+                    "merge-choices-onto": ["merge-choices", root / "src" / "NVIDIA_H200", "--out", root],
+                    "publish": ["publish", "--to", root / "serving", "--from", folder]}[command]
+            rc = _holds(capsys, argv, root) if command != "merge-choices-onto" else None
+            if command == "merge-choices-onto":
+                # merging into the edited folder: its server_args.yaml and backend_choice.json are ours to
+                # replace, so only the other files must stay; the user's YAML lines must survive
+                before = (folder / "server_args.yaml").read_text()
+                rc = main([str(a) for a in argv])
+                capsys.readouterr()
+                if rc == 0:
+                    from autotune.export.server_args import user_lines
+                    kept = [line for part in user_lines(before) for line in part]
+                    after = (folder / "server_args.yaml").read_text().splitlines()
+                    assert all(line in after for line in kept), (kept, after)
+    prop()
+
+
+# --- flags ------------------------------------------------------------------------------------------
+
+NUMERIC = {
+    "run": ["--trials", "--neighbours", "--workers", "--timeout", "--seed", "--skew", "--routings", "--budget",
+            "--tp", "--ep", "--batch-sizes", "--replay-realtime", "--gpus", "--out", "--json", "--sglang-version",
+            "--kernels", "--dtype", "--skip-backends", "--device-name", "--target-device", "--study"],
+    "shapes": ["--tp", "--ep", "--batch-sizes", "--target-sm", "--dtype", "--model", "--shapes"],
+    "check": ["--batch-sizes", "--sglang-version"],
+    "rank-model": ["--tp", "--layers"],
+    "validate": ["--tp", "--repeats", "--min-effect", "--batch-sizes", "--layers", "--port", "--input-len"],
+    "record": ["--shard", "--budget", "--workers"],
+    "merge-choices": ["--out"],
+}
+
+
+def _base(command: str) -> list:
+    return {"run": ["run", *ONE, "--replay", GRID, "--dry-run", "--batch-sizes", "8"],
+            "shapes": ["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8"],
+            "check": ["check", PROVENANCE_FOLDER, "--no-retime"],
+            "rank-model": ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out", "rank"],
+            "validate": ["validate", "--engine", "harness", "--model", "qwen3.5-35b-a3b", "--configs", "none"],
+            "record": ["record", "--cache", "c.jsonl.gz", "--model", "qwen3.5-35b-a3b"],
+            "merge-choices": ["merge-choices", PROVENANCE_FOLDER]}[command]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_flags(tier, capsys):
+    @_settings(tier, 30)
+    @given(st.sampled_from(sorted(NUMERIC)).flatmap(lambda c: st.tuples(st.just(c), st.sampled_from(NUMERIC[c]))),
+           flag_text)
+    def prop(command_flag, text):
+        command, flag = command_flag
+        with _example() as root:
+            _holds(capsys, [*_base(command), f"{flag}={text}"], root)
+    prop()
+
+
+def test_the_invariant_fails_where_it_should(capsys):
+    """The checker itself: an exit 0 without output, or two error lines, is caught."""
+    with _example() as root:
+        with pytest.raises(AssertionError):
+            _holds(capsys, ["shapes", "--model", "qwen9"], root, codes=(0,))
+        (root / "x").write_text("mine")
+        import autotune.cli as cli
+        real = cli.build_parser
+
+        def clobber(args):
+            (root / "x").write_text("changed")
+            print("done")
+            return 0
+        parser = real()
+        parser._subparsers._group_actions[0].choices["shapes"].set_defaults(fn=clobber)
+        cli.build_parser = lambda: parser
+        try:
+            with pytest.raises(AssertionError):
+                _holds(capsys, ["shapes"], root)              # a pre-existing file changed
+        finally:
+            cli.build_parser = real
+
+
+# --- what the properties found (docs/RELIABILITY.md counts them), pinned as plain examples ------------
+
+def _found_space(root):
+    (root / "s.yaml").write_text("  BLOCK_SIZE_Q: null\n" + SPACE)     # YAML's error spans four lines
+    return ["run", *ONE, "--replay", GRID, "--search-space", "s.yaml", "--dry-run", "--batch-sizes", "8"]
+
+
+def _found_arch(root, lines):
+    (root / "s.yaml").write_text(SPACE.replace("  sm90: {}", "  sm90: 5"))   # a section that is not a mapping
+    return ["run", *ONE, "--replay", GRID, "--search-space", "s.yaml", "--dry-run", "--batch-sizes", "8"]
+
+
+def _found_recording(edit, command):
+    def make(root, lines):
+        with gzip.open(root / "rec.jsonl.gz", "wt") as f:
+            f.write(_edited(lines, [edit]))
+        return (["merge-caches", "rec.jsonl.gz", str(GRID), "-o", "merged.jsonl.gz"] if command == "merge" else
+                ["run", *ONE, "--replay", "rec.jsonl.gz", "--trials", "1", "--batch-sizes", "8", "--quiet",
+                 "--out", "out", "--storage", "sqlite:///a.db"])
+    return make
+
+
+def _found_folder(edit_prov=None, edit_choice=None, command="publish"):
+    def make(root, lines):
+        folder = root / "NVIDIA_H200"
+        shutil.copytree(PROVENANCE_FOLDER, folder)
+        if edit_prov:
+            prov = json.loads((folder / "provenance.json").read_text())
+            (folder / "provenance.json").write_text(json.dumps(edit_prov(prov)))
+        if edit_choice:
+            choice = json.loads((folder / "backend_choice.json").read_text())
+            edit_choice(choice)
+            (folder / "backend_choice.json").write_text(json.dumps(choice))
+        if command == "publish":
+            import subprocess
+            subprocess.run(["git", "init", "-q", "-b", "main", str(root / "serving")], check=True)
+            subprocess.run(["git", "-C", str(root / "serving"), "-c", "user.name=t", "-c", "user.email=t@t",
+                            "commit", "-q", "--allow-empty", "-m", "init"], check=True)
+            return ["publish", "--to", root / "serving", "--from", folder]
+        return ["merge-choices", folder, "--out", root / "merged"]
+    return make
+
+
+def _per_m(value):
+    def edit(prov):
+        next(iter(prov["files"].values()))["per_M"]["1"] = value
+        return prov
+    return edit
+
+
+FOUND = {
+    "fuzz-error-spans-lines": lambda root, lines: _found_space(root),
+    "fuzz-space-section-not-a-mapping": _found_arch,
+    "fuzz-provenance-not-an-object": _found_folder(lambda prov: 7),
+    "fuzz-record-field-type": _found_recording(("record", 0.5, 0, "eight"), "merge"),
+    "fuzz-recording-versions-not-an-object": _found_recording(("header", 0, 2, 3), "merge"),
+    "fuzz-replay-versions-not-an-object": _found_recording(("header", 0, 2, 3), "run"),
+    "fuzz-record-cost-null": _found_recording(("record", 0.0, 8, None), "run"),
+    "fuzz-provenance-per-m-not-an-object": _found_folder(_per_m(5)),
+    "fuzz-provenance-file-entry-shape": _found_folder(_per_m({"tuned_us": "fast"})),
+    "fuzz-choices-device-name-a-list": _found_folder(edit_choice=lambda c: c["device"].update(name=[]),
+                                                     command="merge-choices"),
+    "fuzz-choices-device-name-null": _found_folder(edit_choice=lambda c: c["device"].update(name=None),
+                                                   command="merge-choices"),
+}
+
+
+@pytest.mark.parametrize("case", list(FOUND))
+def test_cases_the_property_suite_found(case, capsys, small_recording):
+    """Each was a traceback (or a message of several lines) before the fix named in docs/RELIABILITY.md."""
+    with _example() as root:
+        assert _holds(capsys, FOUND[case](root, small_recording), root) == 2
