@@ -9,7 +9,7 @@ Reads the folder's provenance.json (written by export) and compares it with this
   upgrade can move the best config (vLLM issue 32806): drift, re-tune;
 - torch, CUDA, driver, FlashInfer: listed when they differ (they move timings less directly).
 On a GPU that matches, a sample of each Triton MoE file's batch sizes is re-timed as SGLang runs
-the layer (autotune.validate.moe_sides): the folder's config against SGLang's shipped file and its
+the layer (autotune.kernels.moe_layer): the folder's config against SGLang's shipped file and its
 default heuristic, in turns; tuned slower than either beyond the measured spread is drift.
 Without a GPU only the SGLang check runs, and the output says so. Exit 0: fresh; 1: drifted
 (each file or fact listed with why and what to do); 2: bad input (no folder, no provenance, a
@@ -101,10 +101,9 @@ def retime_sample(batch_sizes) -> list[int]:
 def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=None,
            batch_sizes=None) -> tuple[int, list[str]]:
     """(files slower than shipped or default, report lines) after re-timing each Triton MoE file
-    of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_sides.time_sides)."""
+    of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_layer.time_sides)."""
     from .models import Problem, problem_from_dict
-    from .validate import HarnessError
-    from .validate.moe_sides import MoeSides, time_sides, verdict
+    from .kernels.moe_layer import LayerError, MoeSides, time_sides, verdict
 
     timer = timer or time_sides
     slow, lines, timed, held = 0, [], 0, set()
@@ -114,7 +113,7 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
             continue
         try:
             sides = MoeSides(problem, machine, folder)
-        except HarnessError as e:
+        except LayerError as e:
             lines.append(f"{name}: not re-timed: {e}")
             continue
         Ms = [M for M in batch_sizes if M in problem.batch_sizes] if batch_sizes else retime_sample(problem.batch_sizes)

@@ -25,7 +25,7 @@ from .finalists import TUNED, Finalist, remeasure, score, winner
 from .kernels.backend_family import LAYER
 from .measure import noise
 from .records import Measurement, config_key
-from .worker import Task, run_tasks
+from .tasks import Task, run_tasks
 
 ATTR = "measurement"
 # Batch-size mixes for the one-backend-per-server choice: decode steps run few tokens, prefill

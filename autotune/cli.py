@@ -9,8 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli_common import EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError, _print_shared, _selection  # noqa: F401
-from .cli_parser import build_parser
+from .cli_common import (EXIT_BAD_INPUT, EXIT_STORAGE_LOST, UsageError, no_bar, print_shared, selection,
+                         summary, triton_settings, warm_start)
+from . import cli_parser
 
 
 # --- run -------------------------------------------------------------------------------------
@@ -22,7 +23,8 @@ def _open_device(args, kernels=("triton_moe",)):
     from . import device as devmod
     from .records import CacheError, merge_caches
     from .replay import ReplayPool
-    from .worker import Settings, WorkerPool
+    from .tasks import Settings
+    from .worker import WorkerPool
 
     cache = None
     if args.replay:
@@ -82,8 +84,6 @@ def _worker_log(args) -> str | None:
 
 
 def _family_options(args, device) -> dict:
-    from .backends import runners
-
     tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
     skip = _skipped_backends(getattr(args, "skip_backends", None) or "")
     opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": _targets(args)}}
@@ -123,7 +123,7 @@ def _plan(args, device, cache, kernels=("triton_moe",), options=None):
         if getattr(args, "only_drifted", None):
             exp, plans = _drifted_plan(args, device, cache, options)
         else:
-            chosen, tps, eps, dtypes, bss = _selection(args)
+            chosen, tps, eps, dtypes, bss = selection(args)
             exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
     except (models.ModelError, PlanError) as e:
         raise UsageError(str(e))
@@ -195,7 +195,7 @@ def cmd_run(args) -> int:
     if args.target_device and args.replay:
         raise UsageError("--target-device and --replay both name the device: give one")
     _check_record_file(args.record)
-    _warm_start(args)
+    warm_start(args)
     try:
         kernels = parse_kernels(args.kernels)
     except PlanError as e:
@@ -229,7 +229,7 @@ def cmd_run(args) -> int:
         print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
               + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
               .get(device.kind, ""))
-    for line in scope(plans, _selection(args)[1], args.trials or 40, args.neighbours, budget, cache, device).lines:
+    for line in scope(plans, selection(args)[1], args.trials or 40, args.neighbours, budget, cache, device).lines:
         print(line)
     if args.dry_run:
         for line in _default_scope_note(args):
@@ -238,7 +238,7 @@ def cmd_run(args) -> int:
     run_name = _run_name(args, device)
     storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
     from .run_lock import run_lock
-    from .study import DEFAULT_STORAGE
+    from .storage import DEFAULT_STORAGE
     with pool, run_lock(storage, args.storage or DEFAULT_STORAGE, run_name):
         label = ("REPLAY of a recorded measurement cache (" + args.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
@@ -255,7 +255,7 @@ def cmd_run(args) -> int:
                 print(f"replay: {fp.name} {p.key}: batch sizes {','.join(map(str, lacking))} are not in the "
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
         if "triton_moe" in kernels:
-            _print_shared(exp)
+            print_shared(exp)
         from .study import Clock
         clock = Clock(pool)
         dev_name = run_name
@@ -334,12 +334,6 @@ def _check_outputs(args, device, plans, skus=()) -> None:
         claim(args.json, json_with(*SUMMARY_OURS), "--json")
 
 
-def _no_bar(args) -> bool:
-    """Progress bars only on a terminal: in a log file they are thousands of carriage returns. The
-    one-line summary after each problem is printed either way."""
-    return bool(args.quiet) or getattr(args, "log_level", "info") == "warning" or not sys.stderr.isatty()
-
-
 def _check_record_file(path) -> None:
     """--record extends a measurement cache; anything else at that path is refused, before any work."""
     from .records import CacheError, read_cache
@@ -367,7 +361,7 @@ def _run_name(args, device) -> str:
 
 
 def _storage(args, device, run_name: str, shared: bool = False):
-    from .study import StorageError, claim, open_storage
+    from .storage import StorageError, claim, open_storage
 
     try:
         storage = open_storage(args.storage, shared=shared, heartbeat_s=getattr(args, "heartbeat", 10))
@@ -377,55 +371,12 @@ def _storage(args, device, run_name: str, shared: bool = False):
     return storage
 
 
-def _triton_settings(args, budget):
-    from .study import TuneSettings
-    return TuneSettings(trials=args.trials or 40, budget_s=budget, seed=args.seed,
-                        neighbours=args.neighbours, use_shipped=not args.no_shipped,
-                        warm_start=_warm_start(args))
-
-
-def _warm_start(args):
-    """--warm-start's source, read once (checked before anything is measured)."""
-    if not getattr(args, "warm_start", None):
-        return None
-    if not hasattr(args, "_warm"):
-        from .warm_start import WarmStartError, load
-        try:
-            args._warm = load(args.warm_start)
-        except WarmStartError as e:
-            raise UsageError(str(e)) from None
-        print(f"warm start: {args._warm.describe()}")
-    return args._warm
-
-
-def _summary(args) -> dict:
-    """What the run did, for --json (written once at its end)."""
-    if not hasattr(args, "_summary"):
-        args._summary = {"command": "autotune " + " ".join(sys.argv[1:])}
-    return args._summary
-
-
 def _write_summary(args, device) -> None:
     if getattr(args, "json", None):
         from .fsutil import json_with, write_json
-        write_json(args.json, {**_summary(args), "device": device.name, "replay": device.is_replay,
+        write_json(args.json, {**summary(args), "device": device.name, "replay": device.is_replay,
                                "out": str(Path(args.out) / device.file_name)}, ours=json_with(*SUMMARY_OURS))
         print(f"wrote {args.json} (summary of the run)")
-
-
-def _record(path, device, problem, measurements, careful=()) -> None:
-    from .records import Cache, CacheError, read_cache, write_cache
-
-    try:
-        cache = read_cache(path)
-    except CacheError:
-        cache = Cache(device.to_dict())
-    cache.problems[problem.key] = problem.to_dict()
-    for ms, is_careful in ((measurements, False), (careful, True)):
-        for m in ms:
-            if m.status != "invalid":
-                cache.add(m, careful=is_careful)
-    write_cache(path, cache)
 
 
 # --- many workers on one shared study ------------------------------------------------------------
@@ -438,7 +389,7 @@ def cmd_worker(args) -> int:
     from .study import Clock, ProblemTuner
 
     budget = args.budget            # seconds (autotune.inputs.seconds)
-    _warm_start(args)
+    warm_start(args)
     device, pool, cache, exp, plans = _open_device(args, ["triton_moe"])
     run_name = _run_name(args, device)
     with pool:
@@ -446,11 +397,11 @@ def cmd_worker(args) -> int:
         if not fp.problems:          # before the storage is opened: nothing changes in it
             raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
         storage = _storage(args, device, run_name, shared=True)
-        settings = _triton_settings(args, budget)
+        settings = triton_settings(args, budget)
         clock = Clock(pool)
         for p in fp.problems:
             with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
-                      desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
+                      desc=p.key, file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
                 tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
                                      study_device=run_name)
                 tuner.measure_baselines()
@@ -472,7 +423,7 @@ def cmd_export(args) -> int:
     skus = sku_names(args, device)
     run_name = _run_name(args, device)
     storage = _outputs_then_storage(args, device, pool, plans, skus, run_name)
-    settings = _triton_settings(args, None)
+    settings = triton_settings(args, None)
     clock = Clock(pool)
     with pool:
         for p in plans[0].problems:
@@ -496,7 +447,7 @@ def cmd_record(args) -> int:
 
     from .kernels import get_family
     from .records import Cache, CacheError, read_cache, write_cache
-    from .worker import Task, run_tasks
+    from .tasks import Task, run_tasks
 
     budget = args.budget
     if args.replay:
@@ -543,7 +494,7 @@ def cmd_record(args) -> int:
               + (f", budget {budget:.0f} s" if budget else ""))
         t0 = time.monotonic()
         last_write = [t0]
-        with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
+        with tqdm(total=len(tasks), unit="config", file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
             def landed(task, ms):
                 for m in ms:
                     cache.add(m)
@@ -561,6 +512,17 @@ def cmd_record(args) -> int:
 
 
 # --- entry point ---------------------------------------------------------------------------------
+
+def build_parser():
+    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_install, cmd_merge, cmd_merge_choices,
+                             cmd_publish, cmd_rank_model, cmd_shapes)
+
+    return cli_parser.build_parser({
+        "shapes": cmd_shapes, "run": cmd_run, "worker": cmd_worker, "export": cmd_export, "publish": cmd_publish,
+        "record": cmd_record, "merge-caches": cmd_merge, "merge-choices": cmd_merge_choices,
+        "compile-limits": cmd_compile_limits, "check": cmd_check, "install": cmd_install,
+        "rank-model": cmd_rank_model})
+
 
 def main(argv=None) -> int:
     from .fsutil import FileFormatError, forcing

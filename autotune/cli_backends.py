@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from .backends import FAMILY_FLAGS
-from .cli import _no_bar, _record, _summary
-from .cli_common import UsageError
+from .cli_common import UsageError, no_bar, record_measurements, summary
 
 
 def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
@@ -29,7 +28,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         tuners, per_problem = [], []
         for p in fp.problems:
             with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
-                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
+                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
                 t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
                 t.measure()
             choices = t.select()
@@ -39,13 +38,13 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
             print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
             table = backend_table(t, choices)
             print(format_table(table))
-            _summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
+            summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
                                                            "disqualified": sorted(t.disqualified())})
             if pinned:
                 tactics = tactic_table(t, pinned)
                 print(f"  best tactic of each tunable backend, re-measured beside its default (FlashInfer's cache "
                       f"pins it wherever SGLang runs that backend):\n{format_table(tactics)}")
-                _summary(args)[fp.name][-1]["tactics"] = table_records(tactics)
+                summary(args)[fp.name][-1]["tactics"] = table_records(tactics)
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
             for m in t.disqualified_tactics().values():
@@ -57,7 +56,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                 "per_M": {M: c.to_dict() for M, c in choices.items()},
                 "disqualified": {b: m.to_dict() for b, m in t.disqualified().items()}}
             if args.record:
-                _record(args.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
+                record_measurements(args.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
                                                  *t.unavailable.values()], careful=t.careful.values())
         chosen = server_choice(fp.family, device, tuners, args.mix)
         other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
@@ -72,21 +71,21 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
               + f"; {other.mix} mix: {other.summary}")
         results.append(([chosen, other], fp.family))
         write_tactic_files(args, device, fp.family, tuners, per_problem)
-        _summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
-        _summary(args)[f"{fp.name} auto"] = chosen.auto_line
+        summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
+        summary(args)[f"{fp.name} auto"] = chosen.auto_line
     try:
         path = server_args.write(args.out, device, results, args.checkpoint, details)
     except server_args.ChoicesError as e:
         raise UsageError(f"server_args.yaml not written: {e}") from None
     print(f"\nwrote {path}")
-    _summary(args)["server_args"] = str(path)
+    summary(args)["server_args"] = str(path)
 
 
 def write_tactic_files(args, device, family, tuners, per_problem) -> None:
     """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
     beside the tuned configs (autotune.export.tactics). `per_problem`: (problem, M -> Choice) pairs,
     one per tunable backend (BackendTuner.tactic_choices)."""
-    from .export import flashinfer as fi_cache
+    from .kernels import flashinfer_cache as fi_cache
     from .export import tactics as files
 
     if getattr(family, "runner", None) is None:
@@ -101,7 +100,7 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
             raise UsageError(str(e)) from None
         print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
               f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
-        _summary(args).setdefault("flashinfer_blocklist", str(path))
+        summary(args).setdefault("flashinfer_blocklist", str(path))
     searched = any(m.config.get("tactic", -1) != -1 for t in tuners for M in t.Ms for m in t.measured[M].values())
     if searched and not invalid:
         print("no tactic was disqualified: every tactic FlashInfer's runners listed ran correctly; no blocklist written")
@@ -124,4 +123,4 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
         return
     print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
           "puts it where SGLang reads it, one identical file per rank)")
-    _summary(args).setdefault("flashinfer_cache", str(path))
+    summary(args).setdefault("flashinfer_cache", str(path))

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from .cli_common import UsageError, _print_shared, _problems
+from .cli_common import UsageError, print_shared, problems
 
 
 # --- shapes ----------------------------------------------------------------------------------
@@ -15,7 +15,7 @@ def cmd_shapes(args) -> int:
     from . import device as devmod
     from .kernels import get_family
 
-    exp = _problems(args)
+    exp = problems(args)
     fam = get_family("triton_moe", space_path=args.search_space)
     targets = [devmod.planned(sm) for sm in (args.target_sm or [])]
     print(f"{len(exp.problems)} fused-MoE problems; batch sizes {','.join(map(str, exp.problems[0].batch_sizes))}"
@@ -41,7 +41,7 @@ def cmd_shapes(args) -> int:
                 counts.append(f"{ok}/{space.size()}")
             line += f"  | {' / '.join(counts)}"
         print(line)
-    _print_shared(exp)
+    print_shared(exp)
     from .kernels.cross_compile import COMPILED_DIR, load
     for t in targets:
         rec = load(t.sm)
@@ -152,7 +152,7 @@ def cmd_compile_limits(args) -> int:
     claim(Path(args.out) if args.out else COMPILED_DIR / f"sm{args.target_sm}.json", json_with("sm", "records"), "--out")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
-    exp = _problems(args)
+    exp = problems(args)
     fam = get_family("triton_moe", space_path=args.search_space)
     path = record(args.target_sm, [p for p in exp.problems if fam.unsupported_reason(p, devmod.planned(args.target_sm))
                                    is None], fam, Path(args.out) if args.out else None)

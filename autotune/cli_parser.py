@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import inputs
-from .cli_common import _add_selection
+from .cli_common import add_selection
 from .models import MAX_BATCH
 
 
@@ -50,11 +50,6 @@ def _add_device_args(p) -> None:
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
 
 
-def add_force(p) -> None:
-    p.add_argument("--force", action="store_true",
-                   help="replace files autotune did not write where it writes its own (refused without it)")
-
-
 def _version() -> str:
     import importlib.metadata as md
     try:
@@ -63,23 +58,20 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> inputs.Parser:
-    from .cli import cmd_export, cmd_record, cmd_run, cmd_worker
-    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_install, cmd_merge, cmd_merge_choices,
-                             cmd_publish, cmd_rank_model, cmd_shapes)
-
+def build_parser(commands: dict) -> inputs.Parser:
+    """The parser of every subcommand; `commands`: subcommand -> the function that runs it (cli.py)."""
     ap = inputs.Parser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
     ap.add_argument("--version", action="version", version=f"autotune {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("shapes", help="print the problems a run would tune")
-    _add_selection(p)
+    add_selection(p)
     p.add_argument("--target-sm", type=inputs.sm, action="append",
                    help="also show how many configs each architecture admits (repeatable: 90, 100, 120)")
-    p.set_defaults(fn=cmd_shapes)
+    p.set_defaults(fn=commands["shapes"])
 
     p = sub.add_parser("run", help="tune, select, export SGLang's config files")
-    _add_selection(p)
+    add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
     p.add_argument("--budget", type=inputs.seconds, help="device time for the whole run, e.g. 20m (a unit is needed: 90s, 20m, 1.5h)")
@@ -105,11 +97,11 @@ def build_parser() -> inputs.Parser:
                         "moe_bf16:flashinfer_cutlass where its CUTLASS MoE JIT build is not cached yet)")
     p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
-    add_force(p)
-    p.set_defaults(fn=cmd_run)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["run"])
 
     p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
-    _add_selection(p)
+    add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
     p.add_argument("--storage", required=True, type=inputs.path, help="shared Optuna storage URL, e.g. postgresql://...")
@@ -117,55 +109,55 @@ def build_parser() -> inputs.Parser:
     p.add_argument("--heartbeat", type=inputs.count(1), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")
     p.add_argument("--budget", type=inputs.seconds, help="stop asking after this much device time, e.g. 20m")
-    p.set_defaults(fn=cmd_worker)
+    p.set_defaults(fn=commands["worker"])
 
     p = sub.add_parser("export", help="select and write SGLang's files from a (shared) study")
-    _add_selection(p)
+    add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
     _add_storage_and_out(p)
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
-    add_force(p)
-    p.set_defaults(fn=cmd_export)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["export"])
 
     p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
     p.add_argument("--to", required=True, type=inputs.path, help="serving repo: a local working tree, or a git URL to clone and push")
     p.add_argument("--from", dest="src", type=inputs.path, help="tuned folder (default: the one under tuned_configs/)")
     p.add_argument("--branch", help="new branch (default tuned/<device>)")
     p.add_argument("--path", type=inputs.path, help="folder inside the serving repo (default tuned_configs/<device>)")
-    add_force(p)
-    p.set_defaults(fn=cmd_publish)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["publish"])
 
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
-    _add_selection(p)
+    add_selection(p)
     _add_device_args(p)
     p.add_argument("--cache", required=True, type=inputs.path, help="cache file to extend (resumes: measured keys are skipped)")
     p.add_argument("--budget", type=inputs.seconds, help="stop submitting after this much wall time, e.g. 8m")
     p.add_argument("--shard", type=inputs.shard, help="i/n: take every n-th config starting at i")
     p.add_argument("--quiet", action="store_true")
-    add_force(p)
-    p.set_defaults(fn=cmd_record)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["record"])
 
     p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
     p.add_argument("caches", nargs="+", type=inputs.path)
     p.add_argument("-o", "--output", required=True, type=inputs.path)
-    add_force(p)
-    p.set_defaults(fn=cmd_merge)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["merge-caches"])
 
     p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
                                              "one server_args.yaml")
     p.add_argument("sources", nargs="+", type=inputs.path, help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", type=inputs.path, help="folder holding <device>/server_args.yaml")
-    add_force(p)
-    p.set_defaults(fn=cmd_merge_choices)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["merge-choices"])
 
     p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
                                               "needed) and record the exact shared memory each needs")
-    _add_selection(p)
+    add_selection(p)
     p.add_argument("--target-sm", type=inputs.sm, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
     p.add_argument("--out", type=inputs.path, help="record file (default search_spaces/compiled/sm<XY>.json)")
-    add_force(p)
-    p.set_defaults(fn=cmd_compile_limits)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["compile-limits"])
 
     p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
     p.add_argument("folder", type=inputs.path, help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
@@ -176,7 +168,7 @@ def build_parser() -> inputs.Parser:
                         "default configs")
     p.add_argument("--batch-sizes", default=None, type=inputs.int_list(MAX_BATCH),
                    help="batch sizes to re-time (default: 1, 32, 256, 4096 where the file holds them)")
-    p.set_defaults(fn=cmd_check)
+    p.set_defaults(fn=commands["check"])
 
     p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "
                                        "start-up (one identical file per rank)")
@@ -193,8 +185,8 @@ def build_parser() -> inputs.Parser:
     p.add_argument("--hf-config-class", help="transformers' config class (default: read from the model folder)")
     p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
     p.add_argument("--cache-dir", type=inputs.path, help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
-    add_force(p)
-    p.set_defaults(fn=cmd_install)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["install"])
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")
@@ -204,8 +196,8 @@ def build_parser() -> inputs.Parser:
     p.add_argument("--layers", type=inputs.count(1), help="keep only this many layers (default: all)")
     p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
     p.add_argument("--out", required=True, type=inputs.path, help="folder to write")
-    add_force(p)
-    p.set_defaults(fn=cmd_rank_model)
+    inputs.add_force(p)
+    p.set_defaults(fn=commands["rank-model"])
 
     from .validate.command import add_parser as add_validate_parser
     add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned

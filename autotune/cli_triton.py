@@ -7,8 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import _no_bar, _record, _summary, _triton_settings
-from .cli_common import UsageError
+from .cli_common import UsageError, no_bar, record_measurements, summary, triton_settings
 
 
 def run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
@@ -17,11 +16,11 @@ def run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> 
     from .study import ProblemTuner
 
     family = fp.family
-    settings = _triton_settings(args, budget)
+    settings = triton_settings(args, budget)
     for p in fp.problems:
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                  desc=p.key, file=sys.stderr, disable=_no_bar(args), dynamic_ncols=True) as bar:
+                  desc=p.key, file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
             tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
                                  study_device=dev_name)
             bar.update(sum(s.asked for s in tuner.slots.values()))
@@ -29,7 +28,7 @@ def run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> 
             tuner.search()
         select_and_export(args, tuner, device, clock, t0)
         if args.record:
-            _record(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
+            record_measurements(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
                     careful=tuner.careful.values())
     overlay(args, device, family)
 
@@ -68,7 +67,7 @@ def select_and_export(args, tuner, device, clock, t0) -> None:
     from .export.sglang import ExportError, export_problem
     from .report import format_table, problem_table, table_records
     from .select import select_problem
-    from .study import safe_url
+    from .storage import safe_url
 
     p, settings = tuner.problem, tuner.settings
     choices = select_problem(tuner, settings.top, settings.careful_repeats)
@@ -83,19 +82,19 @@ def select_and_export(args, tuner, device, clock, t0) -> None:
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
     try:
-        summary = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
+        written = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
     except ExportError as e:
         raise UsageError(str(e))
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
           f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
     table = problem_table(choices, trials)
     print(format_table(table))
-    _summary(args).setdefault("triton_moe", []).append(
-        {"problem": p.key, "per_M": table_records(table), "files": summary["files"], "kept": summary["kept"],
+    summary(args).setdefault("triton_moe", []).append(
+        {"problem": p.key, "per_M": table_records(table), "files": written["files"], "kept": written["kept"],
          "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
-    for M, why in summary["kept"].items():
+    for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
-    print("  wrote " + "\n  wrote ".join(summary["files"]))
+    print("  wrote " + "\n  wrote ".join(written["files"]))
 
 
 def _confirm_by_layer(problem, choices, device) -> dict:
@@ -103,13 +102,13 @@ def _confirm_by_layer(problem, choices, device) -> dict:
     layer (autotune.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
     layer to time: its picks stand on the recorded per-GEMM times, and it says so."""
     from .confirm import confirm_by_layer
-    from .validate import HarnessError
+    from .kernels.moe_layer import LayerError
 
     if device.kind != "gpu":
         return {}
     try:
         layer = confirm_by_layer(problem, choices, device)
-    except HarnessError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
+    except LayerError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
         print(f"  layer check of {problem.key} not done: {e}")
         return {}
     for M, rec in sorted(layer.items()):

@@ -3,19 +3,19 @@
 The selection re-measures each GEMM alone and adds the two times. SGLang runs them as one layer:
 alignment, gate_up, the activation, down, in its order (with TMA on down for block-FP8, gate_up
 writes its rows sorted and down reads them as they are), so the sum can rank two pairs differently
-from the layer. Here, per M, the layer (autotune.validate.moe_sides) is timed with the pick, SGLang's
+from the layer. Here, per M, the layer (autotune.kernels.moe_layer) is timed with the pick, SGLang's
 shipped pair and its default pair, each first checked against the float32 reference, in turns;
-where a baseline is faster than the pick beyond the measured spread (moe_sides.verdict, the rule
+where a baseline is faster than the pick beyond the measured spread (moe_layer.verdict, the rule
 `autotune check` applies too), the baseline's pair is what gets written. The layer times and what
 was decided go to provenance (per_M[M]["layer"]).
 """
 from __future__ import annotations
 
-from .validate.moe_sides import BASELINE_OF_SIDE, MoeSides, SideConfig, time_sides, verdict
+from .kernels.moe_layer import BASELINE_OF_SIDE, MoeSides, SideConfig, time_sides, verdict
 
 
 def baseline_rows(choice) -> dict:
-    """moe_sides side -> the re-measured baseline row (a {source, gate_up, down, gate_up_us,
+    """moe_layer side -> the re-measured baseline row (a {source, gate_up, down, gate_up_us,
     down_us, total_us} candidate of the selection) it runs; without a shipped pair SGLang's own
     folder gives its default, so both baseline sides run the default pair."""
     rows = {r["source"]: r for r in choice.candidates if r.get("total_us") is not None}

@@ -105,7 +105,7 @@ def detect(index: int = 0) -> DeviceInfo:
     versions = software_versions()
     try:
         # What FlashInfer's autotuner cache is keyed on (cuBLAS / cuDNN / CuTe-DSL versions, GPU):
-        # a cache we write for this machine must carry these values (autotune.export.flashinfer).
+        # a cache we write for this machine must carry these values (autotune.kernels.flashinfer_cache).
         from flashinfer.autotuner.autotuner import _collect_metadata
         versions["flashinfer_metadata"] = _collect_metadata()
     except Exception:

@@ -151,3 +151,9 @@ def path(text: str) -> str:
 
 
 path = _typed(path, "path")
+
+
+def add_force(p: argparse.ArgumentParser) -> None:
+    """--force, the same flag on every command that writes files."""
+    p.add_argument("--force", action="store_true",
+                   help="replace files autotune did not write where it writes its own (refused without it)")

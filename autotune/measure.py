@@ -75,7 +75,7 @@ def _index(flat: int, shape) -> tuple:
     return tuple(reversed(out))
 
 
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
     xs = sorted(xs)
     if len(xs) < 4:
         m = statistics.median(xs)
@@ -117,7 +117,7 @@ def duel(time_one, launch, versus, rounds: int = DUEL_ROUNDS) -> tuple[Timing, f
         else:
             mine.append(time_one(launch))
             theirs.append(time_one(versus))
-    lo, mid, hi = _quartiles([a.median_us / b.median_us for a, b in zip(mine, theirs)])
+    lo, mid, hi = quartiles([a.median_us / b.median_us for a, b in zip(mine, theirs)])
     t = Timing(statistics.median(x.median_us for x in mine), statistics.median(x.spread for x in mine),
                sum(x.samples for x in mine), sum(x.bench_s for x in mine + theirs), mine[0].calls)
     return t, statistics.median(x.median_us for x in theirs), (hi - lo) / mid if mid > 0 else 0.0
@@ -156,7 +156,7 @@ def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timi
         graph.replay()
     per_call = timed_replays(graph, flush, repeats, calls)
     del graph
-    q1, med, q3 = _quartiles(per_call)
+    q1, med, q3 = quartiles(per_call)
     return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0, calls)
 
 
@@ -208,5 +208,5 @@ def time_cpu(launch, n_routings: int, repeats: int = 3) -> Timing:
         s = time.perf_counter()
         launch(r % n_routings)
         xs.append((time.perf_counter() - s) * 1e6)
-    q1, med, q3 = _quartiles(xs)
+    q1, med, q3 = quartiles(xs)
     return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(xs), time.perf_counter() - t0)

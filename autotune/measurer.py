@@ -9,14 +9,11 @@ import fcntl
 import re
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from . import records
 from .measure import DUEL_ROUNDS, duel
 from .records import Measurement, failure
-
-if TYPE_CHECKING:
-    from .worker import Settings, Task
+from .tasks import Settings, Task
 
 # Messages of a CUDA error after which the process's context cannot be trusted.
 _FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launch failure",

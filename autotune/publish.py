@@ -17,8 +17,7 @@ from pathlib import Path
 
 from .device import DeviceInfo
 from .export import server_args
-from .export.overlay import tuned_names
-from .export.sglang import PROVENANCE
+from .export.provenance import PROVENANCE, tuned_names
 from .fsutil import NotOurs, claim, copy_file, read_json, write_json
 
 VALIDATION = "validation.json"
@@ -153,7 +152,7 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
 def _dest_ours(dest: Path) -> dict:
     """What in the serving repo's folder is ours to replace: its provenance.json (our format) and
     the config files that provenance lists (the tuned files and the shipped overlay)."""
-    from .export.sglang import PROVENANCE_OURS, ours_in
+    from .export.provenance import PROVENANCE_OURS, ours_in
 
     try:
         theirs = read_json(dest / PROVENANCE, default=None)

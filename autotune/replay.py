@@ -16,7 +16,7 @@ from collections import deque
 from . import records
 from .device import DeviceInfo
 from .records import Cache, Measurement, failure
-from .worker import Task
+from .tasks import Task
 
 
 class ReplayPool:

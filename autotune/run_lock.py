@@ -67,6 +67,6 @@ def _pg_lock(storage, key: str, url: str, run: str):
 
 
 def _message(url: str, run: str, holder: str) -> str:
-    from .study import safe_url
+    from .storage import safe_url
     return (f"another `autotune run` ({holder}) is tuning run {run!r} in {safe_url(url)}; wait for it to "
             "finish, or tune together with `autotune worker` (shared studies)")

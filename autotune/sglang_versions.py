@@ -73,7 +73,8 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
 SUPPORTED = tuple(RELEASES)
 
 
-def _key(v: str) -> tuple:
+def release_key(v: str) -> tuple:
+    """A release's (major, minor, patch), for ordering releases."""
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
@@ -87,7 +88,7 @@ def installed() -> str | None:
 
 
 def release(version: str) -> Release:
-    base = ".".join(str(x) for x in _key(version)) if re.fullmatch(r"\d+\.\d+\.\d+(\.?post\d+|rc\d+)?", version) else None
+    base = ".".join(str(x) for x in release_key(version)) if re.fullmatch(r"\d+\.\d+\.\d+(\.?post\d+|rc\d+)?", version) else None
     if base not in RELEASES:
         raise VersionError(f"SGLang {version!r} is not a supported release (supported: {SUPPORTED[0]} to "
                            f"{SUPPORTED[-1]}: {', '.join(SUPPORTED)})")
@@ -108,12 +109,12 @@ def parse_targets(spec: str | None) -> tuple[str, ...]:
         ends = re.split(r"\.\.|-", part, maxsplit=1)
         if len(ends) == 2:
             lo, hi = release(ends[0].strip()).version, release(ends[1].strip()).version
-            if _key(lo) > _key(hi):
+            if release_key(lo) > release_key(hi):
                 raise VersionError(f"--sglang-version range {part!r} is empty ({lo} is after {hi})")
-            out += [v for v in SUPPORTED if _key(lo) <= _key(v) <= _key(hi)]
+            out += [v for v in SUPPORTED if release_key(lo) <= release_key(v) <= release_key(hi)]
         else:
             out.append(release(part).version)
-    return tuple(sorted(set(out), key=_key))
+    return tuple(sorted(set(out), key=release_key))
 
 
 def config_problem(config: dict, gemm: str, targets, tma_capable: bool = True) -> str | None:

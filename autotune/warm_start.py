@@ -100,7 +100,7 @@ def _family_of(m: Measurement) -> str:
 def _from_storage(url: str) -> tuple[list[Measurement], set]:
     import optuna
 
-    from .study import ATTR, safe_url
+    from .storage import ATTR, safe_url
 
     try:
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)

@@ -28,7 +28,7 @@ def timeline(db: str) -> tuple[str, dict]:
     import optuna
 
     from autotune.records import Measurement
-    from autotune.study import ATTR
+    from autotune.storage import ATTR
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{db}"

@@ -35,7 +35,7 @@ class FakeRunner(Runner):
         return [-1, 0, 1, 2, 3] + ([4] if inputs.M == 64 else [])
 
     def cache_entries(self, problem, M, tactic):
-        from autotune.export.flashinfer import CacheEntry
+        from autotune.kernels.flashinfer_cache import CacheEntry
         return [CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)]
 
 

@@ -9,7 +9,8 @@ from autotune.choice import BackendTuner, server_choice
 from autotune.device import DeviceInfo
 from autotune.export import server_args
 from autotune.models import Problem
-from autotune.worker import Settings, WorkerPool
+from autotune.tasks import Settings
+from autotune.worker import WorkerPool
 from tests.faulty_backends import FaultyBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every backend

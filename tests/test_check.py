@@ -29,7 +29,7 @@ def test_machine_drift(monkeypatch, capsys, change, code, says):
 
 
 def _rows(tuned, shipped, default, spread=0.005):
-    """What moe_sides.time_sides returns, at each sampled M."""
+    """What moe_layer.time_sides returns, at each sampled M."""
     def timer(sides, Ms, repeats):
         assert sides.problem.key.startswith("E=512,N=128,K=4096")
         return [{"M": M, "tuned µs": tuned, "default µs": shipped, "heuristic µs": default,
@@ -59,7 +59,7 @@ def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(tim
 def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
     """One line, exit 2, before anything is timed (the re-timing needs a GPU; this is refused first)."""
     monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured())
-    monkeypatch.setattr("autotune.validate.moe_sides.time_sides", lambda *a: pytest.fail("timed"))
+    monkeypatch.setattr("autotune.kernels.moe_layer.time_sides", lambda *a: pytest.fail("timed"))
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--batch-sizes", "3,5"]) == 2
     err = capsys.readouterr().err
     assert "--batch-sizes 3,5: no Triton MoE file" in err and "Traceback" not in err and err.count("\n") == 1

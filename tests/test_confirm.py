@@ -30,7 +30,7 @@ def choice(M, shipped=True):
 
 
 def timer_for(times, spread=0.005, seen=None):
-    """moe_sides.time_sides' rows: times[M] = (pick, shipped side, default side) µs."""
+    """moe_layer.time_sides' rows: times[M] = (pick, shipped side, default side) µs."""
     def timer(sides, Ms, repeats):
         rows = []
         for M in Ms:
@@ -80,7 +80,7 @@ def test_the_layer_runs_the_given_pairs_in_the_interpreter():
     the float32 reference and timed (the numbers are the interpreter's: meaningless for speed)."""
     from autotune.confirm import baseline_rows
     from autotune.device import cpu_interpreter
-    from autotune.validate.moe_sides import MoeSides, SideConfig, time_sides
+    from autotune.kernels.moe_layer import MoeSides, SideConfig, time_sides
 
     tiny = Problem(8, 32, 64, 2, "bf16")
     c = choice(2)

@@ -17,9 +17,10 @@ pytest.importorskip("flashinfer")
 
 from flashinfer.autotuner import AutoTuner, TunableRunner, _collect_metadata  # noqa: E402
 
-from autotune.export.flashinfer import (  # noqa: E402
+from autotune.export.flashinfer import sglang_cache_path  # noqa: E402
+from autotune.kernels.flashinfer_cache import (  # noqa: E402
     BMM_FP8, CUTLASS_MOE_GEMM1, CUTLASS_MOE_GEMM2, MM_FP4, TRTLLM_FP4_MOE, CacheEntry, metadata_for,
-    profiled_shapes, sglang_cache_path, tuning_config_for, write_cache)
+    profiled_shapes, tuning_config_for, write_cache)
 
 M, N, K = 100, 4096, 7168
 COLD = ("cuda_graph_profile_replays", 1, "l2_cache_policy", "cold")

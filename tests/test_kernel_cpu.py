@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from autotune.device import cpu_interpreter
-from autotune.kernels.triton_moe import TritonMoe, cpu_align_block_size
+from autotune.kernels.moe_align import cpu_align_block_size
+from autotune.kernels.triton_moe import TritonMoe
 from autotune.measure import check_output
 from autotune.models import Problem
 

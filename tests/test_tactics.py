@@ -13,7 +13,8 @@ from autotune.device import DeviceInfo
 from autotune.export import tactics as tactic_files
 from autotune.models import Problem
 from autotune.records import config_key
-from autotune.worker import Settings, WorkerPool
+from autotune.tasks import Settings
+from autotune.worker import WorkerPool
 from tests.tactic_backends import RUNNERS, TacticBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every tactic

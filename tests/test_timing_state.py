@@ -94,7 +94,7 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
     # beside tactic 1, wrong at M=2, the timing goes unpaired and tactic 0 is not blamed for it.
     from autotune.measurer import Measurer
     from autotune.models import Problem
-    from autotune.worker import Settings, Task
+    from autotune.tasks import Settings, Task
     from tests.tactic_backends import TacticBackends
 
     fam, problem = TacticBackends(), Problem(8, 32, 64, 2, "bf16", batch_sizes=(2,))

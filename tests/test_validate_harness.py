@@ -214,7 +214,7 @@ def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
     call sequence with the configs its loader picks) is checked against the float32 reference, then
     timed in turns; a side whose configs compute wrong numbers stops it with the side named."""
     from autotune.device import cpu_interpreter
-    from autotune.validate.moe_sides import MoeSides, time_sides
+    from autotune.kernels.moe_layer import LayerError, MoeSides, time_sides
 
     d = _tuned_folder(tmp_path)
     problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
@@ -232,7 +232,7 @@ def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
         out = real(up_w, down_w, x, ids, w, side)
         return out * 2 if side == "tuned" else out
     bad.moe = wrong
-    with pytest.raises(HarnessError, match="tuned configs at batch 1 compute wrong results"):
+    with pytest.raises(LayerError, match="tuned configs at batch 1 compute wrong results"):
         time_sides(bad, [1], repeats=1)
 
 
@@ -248,9 +248,9 @@ def test_tma_down_layer_calls_sglangs_row_filtered_ops_as_its_fused_moe_does(mon
     from sglang.kernels.ops.quantization import per_token_group_quant as ptgq
 
     from autotune.device import cpu_interpreter
-    from autotune.kernels.triton_moe import cpu_align_block_size
+    from autotune.kernels.moe_align import cpu_align_block_size
     from autotune.models import Problem
-    from autotune.validate.moe_sides import MoeSides
+    from autotune.kernels.moe_layer import MoeSides
 
     calls = {}
 

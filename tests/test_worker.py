@@ -6,7 +6,8 @@ import pytest
 from autotune import records
 from autotune.measurer import classify
 from autotune.models import Problem
-from autotune.worker import Settings, Task, WorkerPool
+from autotune.tasks import Settings, Task
+from autotune.worker import WorkerPool
 
 pytestmark = pytest.mark.slow      # a pool of worker processes per test module
 

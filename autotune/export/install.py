@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from ..fsutil import NotOurs, claim, write_atomic
-from . import flashinfer as fi
+from ..kernels import flashinfer_cache as fi
+from .flashinfer import sglang_cache_path
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 
 
@@ -84,10 +85,10 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     if got is None or got[0] is None:
         raise InstallError(f"{src} is not a FlashInfer cache file")
     meta, records, ours = got
-    paths = [fi.sglang_cache_path(cache_dir, model_path=model_path, dtype=dtype, quantization=quantization,
-                                  moe_runner_backend=moe_runner_backend, tp_size=tp, pp_size=pp,
-                                  attn_dp_size=attn_dp, moe_ep_size=ep, hf_config_class=hf_config_class, sm=sm,
-                                  skip_ops=skip_ops, tp_rank=r, pp_rank=p, dp_rank=0)
+    paths = [sglang_cache_path(cache_dir, model_path=model_path, dtype=dtype, quantization=quantization,
+                               moe_runner_backend=moe_runner_backend, tp_size=tp, pp_size=pp,
+                               attn_dp_size=attn_dp, moe_ep_size=ep, hf_config_class=hf_config_class, sm=sm,
+                               skip_ops=skip_ops, tp_rank=r, pp_rank=p, dp_rank=0)
              for p in range(pp) for r in range(tp)]
     blocking = next((p for p in (*reversed(paths[0].parents),) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
@@ -105,7 +106,7 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
         except ValueError:
             raise InstallError(f"{path} is not a FlashInfer cache file; nothing installed") from None
     configs.update(ours)
-    text = fi._render(meta, records, configs)
+    text = fi.render(meta, records, configs)
     for path in paths:
         write_atomic(path, text, ours=fi.CACHE_OURS)
     return paths

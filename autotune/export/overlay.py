@@ -22,19 +22,7 @@ from pathlib import Path
 from ..device import DeviceInfo
 from ..fsutil import copy_file, sha256, write_json
 from ..sglang_versions import valid_releases
-
-OVERLAY = "shipped_overlay"
-
-
-def tuned_names(prov: dict) -> set[str]:
-    """The files a provenance.json calls ours: each tuned file and its `_down` file."""
-    names = set()
-    for up, entry in prov.get("files", {}).items():
-        names.add(up)
-        if entry.get("down_file"):
-            names.add(entry["down_file"])
-    return names
-
+from .provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
 
 def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
     """An earlier overlay's copy, unchanged since (a copy edited by hand is the user's now)."""
@@ -53,17 +41,15 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
     writes into provenance.json."""
     from ..kernels.sglang_loader import builtin_config_dir
-    from ..kernels.triton_moe import TritonMoe
+    from ..kernels.triton_moe import tma_capable
     from ..sglang_versions import installed
-
-    from .sglang import PROVENANCE_OURS, read_folder_provenance
 
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"
     prov = read_folder_provenance(folder) or {"device": device.to_dict(), "files": {}}
     ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
-    tma = TritonMoe._tma_capable(device)
+    tma = tma_capable(device)
     old = prov.get(OVERLAY, {}).get("files", [])
     old_sha = prov.get(OVERLAY, {}).get("sha256", {})
     copied, skipped, hashes = [], {}, {}

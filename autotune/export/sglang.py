@@ -14,15 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo, utc_now
-from ..fsutil import FileFormatError, claim, json_with, listed, read_json, sha256, write_json
+from ..fsutil import claim, read_json, sha256, write_json
 from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..select import Choice
 from ..sglang_versions import config_problem, valid_releases
-
-PROVENANCE = "provenance.json"
-# Ours: a provenance.json in our format; a config file is ours where the folder's provenance lists it.
-PROVENANCE_OURS = json_with("files")
+from .provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
 
 class ExportError(ValueError):
@@ -36,29 +33,6 @@ def config_dir(out: str | Path, device: DeviceInfo) -> Path:
 
 def _sglang_entry(config: dict) -> dict:
     return canonical(config)
-
-
-def read_folder_provenance(device_folder: str | Path) -> dict | None:
-    """A device folder's provenance.json (None: none yet); NotOurs where a file of that name is not ours."""
-    path = Path(device_folder) / PROVENANCE
-    claim(path, PROVENANCE_OURS)
-    prov = read_json(path, default=None)
-    if prov is not None and not PROVENANCE_OURS(path):
-        return None                           # forced over a file that was not ours: started afresh
-    from ..config_files import provenance_problem
-    why = prov is not None and provenance_problem(prov)
-    if why:
-        raise FileFormatError(f"{path} is not autotune provenance ({why}); fix it, or move it away to start "
-                              "this folder afresh")
-    return prov
-
-
-def ours_in(prov: dict | None):
-    """The files a device folder's provenance calls ours: tuned files, their SKU copies, the overlay."""
-    from .overlay import OVERLAY, tuned_names
-    prov = prov or {}
-    overlay = (prov.get(OVERLAY) or {}).get("files", []) if isinstance(prov.get(OVERLAY), dict) else []
-    return listed(tuned_names(prov) | {str(r) for r in overlay})
 
 
 def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) -> None:
@@ -88,8 +62,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
     `targets`: the SGLang releases the files must run in (an existing entry they cannot run is
     replaced, never kept)."""
-    from ..kernels.triton_moe import TritonMoe
-    tma = TritonMoe._tma_capable(device)
+    from ..kernels.triton_moe import tma_capable
+    tma = tma_capable(device)
 
     def runs_everywhere(up: dict, down: dict) -> bool:
         return config_problem(up, "gate_up", targets, tma) is None and config_problem(down, "down", targets, tma) is None

@@ -49,7 +49,7 @@ def same_chip(a: str, b: str) -> bool | None:
 
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
     """Write each of the folder's tuned files again under each SKU name; returns the files written."""
-    from .sglang import PROVENANCE_OURS, ours_in, read_folder_provenance
+    from .provenance import PROVENANCE_OURS, ours_in, read_folder_provenance
 
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"

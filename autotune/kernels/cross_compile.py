@@ -86,7 +86,7 @@ def compile_one(family, problem, gemm: str, config: dict, inputs_cache: dict) ->
     """{"shared": bytes} or {"error": one line}, for `config` compiled inside `cross_target`."""
     import torch
 
-    from .triton_moe import cpu_align_block_size
+    from .moe_align import cpu_align_block_size
 
     p = small_problem(problem)
     key = (p.key, gemm)

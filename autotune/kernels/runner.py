@@ -62,7 +62,7 @@ class Runner:
 
     def cache_entries(self, problem, M: int, tactic) -> list:
         """FlashInfer's autotune cache entries pinning `tactic` for this problem at M
-        (autotune.export.flashinfer.CacheEntry; one per op the tactic names), [] where FlashInfer
+        (autotune.kernels.flashinfer_cache.CacheEntry; one per op the tactic names), [] where FlashInfer
         keeps no entry for it."""
         return []
 
@@ -117,7 +117,7 @@ def flashinfer_pin(entries: list, expected: list):
 
     from flashinfer.autotuner import AutoTuner, _collect_metadata
 
-    from ..export.flashinfer import metadata_for, write_cache
+    from .flashinfer_cache import metadata_for, write_cache
 
     tuner = AutoTuner.get()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="autotune_pin_")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from .. import spaces
 from ..device import DeviceInfo
 from ..models import Problem
-from .sglang_loader import sglang_default_config, sglang_selection, triton_utils_module
+from .moe_align import cpu_align_block_size, sglang_align_block_size
+from .sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
 FP8_MAX = 448.0  # float8_e4m3fn
@@ -28,6 +29,12 @@ def tma_supported() -> bool:
         return True
     except Exception:
         return False
+
+
+def tma_capable(device: DeviceInfo) -> bool:
+    """Whether SGLang's TMA paths run on `device`: SM90 or later, a GPU (not Triton's interpreter), and
+    a Triton with tensor descriptors there (recorded as versions["triton_tma"])."""
+    return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
 
 
 # --- the family --------------------------------------------------------------------------------
@@ -117,7 +124,7 @@ class TritonMoe:
         down both operands, and its kernel implements the A side for block-FP8 only. Older
         releases among the targets may not accept the key at all (sglang_versions)."""
         from ..sglang_versions import config_problem
-        why = config_problem({"USE_TMA": True}, gemm, self.sglang_versions, self._tma_capable(device))
+        why = config_problem({"USE_TMA": True}, gemm, self.sglang_versions, tma_capable(device))
         if why:
             return why
         if gemm == "down" and not problem.block_shape:
@@ -131,11 +138,7 @@ class TritonMoe:
     def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
         """Why `config` must not go into the `gemm` file for the target SGLang releases, or None."""
         from ..sglang_versions import config_problem
-        return config_problem(config, gemm, self.sglang_versions, self._tma_capable(device))
-
-    @staticmethod
-    def _tma_capable(device: DeviceInfo) -> bool:
-        return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
+        return config_problem(config, gemm, self.sglang_versions, tma_capable(device))
 
     def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo,
               resources: bool = True) -> str | None:
@@ -320,7 +323,7 @@ class TritonMoe:
     def run(self, config: dict, inputs: MoeInputs, routing: int, *, c_sorted: bool = False, a_sorted=None,
             a_scale=None):
         """One GEMM through SGLang's invoke_fused_moe_kernel. The keywords are the TMA-down layer
-        (autotune.validate.moe_sides): gate_up writing its rows expert-sorted into the padded buffer
+        (autotune.kernels.moe_layer): gate_up writing its rows expert-sorted into the padded buffer
         (`c_sorted`), down reading that buffer as it is (`a_sorted`, with `a_scale` where the
         activation was quantized beforehand), as SGLang's fused MoE does; the tuning itself times
         each GEMM alone (down's sorted A built beforehand, outside the timing)."""
@@ -437,51 +440,3 @@ def _dequant(problem: Problem, B, B_scale, e: int):
         s = B_scale[e].repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
         return w * s
     return w * B_scale[e]
-
-
-# --- block alignment -----------------------------------------------------------------------------
-
-def sglang_align_block_size(topk_ids, block_m: int, num_experts: int):
-    """SGLang's moe_align_block_size wrapper (buffer sizing, small-batch Triton path) as the
-    server calls it. Where the AOT sgl_kernel package is absent, its generic path is pointed at
-    the JIT build of the same op that SGLang registers for CUDA."""
-    wrapper_mod = triton_utils_module("moe_align_block_size")
-
-    if not getattr(wrapper_mod, "_autotune_jit_align", False):
-        try:
-            import sgl_kernel  # noqa: F401
-        except Exception:
-            from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
-
-            def aot_compatible(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad, ignore_invalid=False):
-                if ignore_invalid:
-                    raise RuntimeError("ignore_invalid_expert needs sgl_kernel")
-                jit_align(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad)
-
-            wrapper_mod.sgl_moe_align_block_size = aot_compatible
-        wrapper_mod._autotune_jit_align = True
-    return wrapper_mod.moe_align_block_size(topk_ids, block_m, num_experts)
-
-
-def cpu_align_block_size(topk_ids, block_m: int, num_experts: int):
-    """CPU stand-in for the CUDA alignment op (used only under Triton's interpreter): each
-    expert's (token, slot) ids sorted together and padded to a multiple of block_m with the
-    sentinel numel; one expert id per block; the padded total."""
-    import torch
-
-    flat = topk_ids.reshape(-1).long()
-    numel = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
-    sorted_ids, expert_ids, start = [], [], 0
-    for e in range(num_experts):
-        c = int(counts[e])
-        if not c:
-            continue
-        ids = order[start:start + c].tolist() + [numel] * ((-c) % block_m)
-        start += c
-        sorted_ids += ids
-        expert_ids += [e] * (len(ids) // block_m)
-    ntp = len(sorted_ids)
-    return (torch.tensor(sorted_ids, dtype=torch.int32), torch.tensor(expert_ids, dtype=torch.int32),
-            torch.tensor([ntp], dtype=torch.int32))

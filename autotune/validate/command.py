@@ -64,8 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="bf16", help="expert dtype: bf16, fp8_w8a8_block, fp8_w8a8 (default bf16)")
     g.add_argument("--batch-sizes", type=inputs.int_list(), help=f"decode batch sizes (default {DEFAULT_POINTS})")
     g.add_argument("--layers", type=inputs.count(1), help="layers in the timed step (default 8, whole 3:1 groups)")
-    from ..cli_parser import add_force
-    add_force(p)
+    inputs.add_force(p)
     p.set_defaults(fn=cmd_validate)
     return p
 
@@ -92,6 +91,7 @@ class _SigtermAsInterrupt:
 
 
 def cmd_validate(args) -> int:
+    from ..kernels.moe_layer import LayerError
     from ..models import ModelError
 
     try:
@@ -99,7 +99,7 @@ def cmd_validate(args) -> int:
             if args.engine == "sglang":
                 return _validate_sglang(args)
             return _validate_harness(args)
-    except (ValidateError, ModelError) as e:
+    except (ValidateError, ModelError, LayerError) as e:
         print(f"autotune: error: {inputs.one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -42,7 +42,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..measure import _quartiles
+from ..measure import quartiles
 
 D2 = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326}
 MAD_TO_SIGMA = 1.4826
@@ -74,7 +74,7 @@ def spread(xs: list[float]) -> float:
     """(p75 - p25) / median, or (max - min) / median below four values (autotune.measure's rule)."""
     if not xs:
         return float("nan")
-    q1, med, q3 = _quartiles(list(xs))
+    q1, med, q3 = quartiles(list(xs))
     return (q3 - q1) / med if med else 0.0
 
 

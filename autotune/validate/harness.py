@@ -39,9 +39,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..kernels.moe_layer import SIDES, MoeSides
 from ..models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config
 from . import HarnessError
-from .moe_sides import SIDES, MoeSides
 
 INTERPRETER_NOTE = ("cpu-interpreter: Triton's CPU interpreter, float32, wall clock: these numbers exercise "
                     "the pipeline and mean nothing about speed")

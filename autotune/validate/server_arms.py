@@ -49,8 +49,8 @@ _DOWN_REUSED = re.compile(r"Down MoE config file not found at " + _PATH + r"; re
 
 def one_batch_module(version: str) -> str:
     """The module `python -m` runs for SGLang's bench_one_batch: 0.5.23 moved it into sglang.benchmark."""
-    from ..sglang_versions import _key
-    return "sglang.benchmark.one_batch" if _key(version) >= (0, 5, 23) else "sglang.bench_one_batch"
+    from ..sglang_versions import release_key
+    return "sglang.benchmark.one_batch" if release_key(version) >= (0, 5, 23) else "sglang.bench_one_batch"
 
 
 @dataclass

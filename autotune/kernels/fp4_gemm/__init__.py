@@ -142,7 +142,7 @@ class MmFp4(Runner):
         from flashinfer.autotuner import AutoTuner, _json_to_tactic
         from flashinfer.gemm import gemm_base as g
 
-        from ...export.flashinfer import CacheEntry
+        from ..flashinfer_cache import CacheEntry
 
         cfg = g._MM_FP4_TUNING_CONFIG_128x4
         N, K = problem.N, problem.K

@@ -146,7 +146,7 @@ class BmmFp8(Runner):
         from flashinfer.autotuner import _json_to_tactic
         from flashinfer.gemm import gemm_base as g
 
-        from ...export.flashinfer import CacheEntry
+        from ..flashinfer_cache import CacheEntry
 
         cfg = g._FP8_GEMM_SM100_TUNING_CONFIG
         if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:

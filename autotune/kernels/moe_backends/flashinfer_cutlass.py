@@ -93,7 +93,7 @@ class CutlassMoe(SglangMoe):
         a variant SGLang cannot select (its key would never be asked for) or M not a bucket."""
         if tactic == -1 or self.sglang_value is None:
             return []
-        from ...export.flashinfer import tuning_config_for
+        from ..flashinfer_cache import tuning_config_for
 
         if tuning_config_for(GEMM_OPS[0], tune_max_num_tokens=8192).dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
             return []
@@ -104,7 +104,7 @@ class CutlassMoe(SglangMoe):
         """The gemm1 and gemm2 entries of `tactic` for M's bucket, one pair per (moe TP, moe EP)."""
         import torch
 
-        from ...export.flashinfer import CacheEntry, tuning_config_for
+        from ..flashinfer_cache import CacheEntry, tuning_config_for
 
         # SGLang passes tune_max_num_tokens = min(prefill tokens x attention DP, 8192): 8192 by default.
         cfg = tuning_config_for(GEMM_OPS[0], tune_max_num_tokens=8192)

@@ -5,7 +5,8 @@ from its own folder (its shipped file for this GPU, else its heuristic: a server
 SGLANG_MOE_CONFIG_DIR); `tuned` = the tuned folder. The layer is SGLang's call sequence: block
 alignment with SGLang's `moe_align_block_size`, `TritonMoe.run` (SGLang's `invoke_fused_moe_kernel`)
 for gate_up, SGLang's `silu_and_mul`, `TritonMoe.run` for down with the routing weights, the sum
-over top-k. The decode harness builds its step from it; `autotune check` re-times a folder with it.
+over top-k. The run confirms its picks with it (autotune.confirm), `autotune check` re-times a folder with it and
+the decode harness (autotune.validate.harness) builds its step from it.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..measure import noise
-from . import HarnessError
 
 SIDES = ("heuristic", "default", "tuned")
+
+
+class LayerError(ValueError):
+    """The layer cannot run as asked (not on this device, no tuned file) or a side computes wrong results."""
 
 
 @dataclass
@@ -35,15 +39,15 @@ class MoeSides:
                  configs: dict | None = None):
         """`configs`: (M, side) -> SideConfig given instead of read through SGLang's loader (the run's
         layer check times the pairs its selection re-measured)."""
-        from ..kernels.sglang_loader import sglang_file_name
-        from ..kernels.triton_moe import TritonMoe, compute_dtype
+        from .sglang_loader import sglang_file_name
+        from .triton_moe import TritonMoe, compute_dtype
 
         self.problem, self.device, self.on_cpu = problem, device, on_cpu
         self.tuned_dir = Path(tuned_dir)
         self.fam = TritonMoe()
         why = self.fam.unsupported_reason(problem, device)
         if why:
-            raise HarnessError(f"the fused MoE cannot run here: {why}")
+            raise LayerError(f"the fused MoE cannot run here: {why}")
         self.dev = "cpu" if on_cpu else "cuda"
         self.dtype = compute_dtype(problem, on_cpu)
         self.inner = inner_repeats or (2 if on_cpu else 7)
@@ -53,7 +57,7 @@ class MoeSides:
     # -- configs ---------------------------------------------------------------------------------
     def side_config(self, M: int, side: str) -> SideConfig:
         """The (gate_up, down) configs SGLang's loader picks at M for this side."""
-        from ..kernels.sglang_loader import sglang_selection
+        from .sglang_loader import sglang_selection
 
         key = (M, side)
         if key not in self._sides:
@@ -79,7 +83,7 @@ class MoeSides:
 
     def require_tuned_file(self) -> None:
         if not self.side_config(1, "tuned").file_found:
-            raise HarnessError(f"{self.tuned_dir} has no config for {self.problem.key} ({self.file_name} under "
+            raise LayerError(f"{self.tuned_dir} has no config for {self.problem.key} ({self.file_name} under "
                                f"configs/triton_*/): the tuned side would run SGLang's defaults, nothing to validate")
 
     # -- the layer -------------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class MoeSides:
         by TMA as it is (no gather)."""
         import torch
 
-        from ..kernels.triton_moe import MoeInputs
+        from .triton_moe import MoeInputs
 
         p, M = self.problem, x.shape[0]
         cfg = self.side_config(M, side)
@@ -152,9 +156,9 @@ class MoeSides:
     def check_sides(self, up_w, down_w, x, ids, w) -> dict:
         """Every side's layer against the float32 reference of the same layer (the moe_* families'
         reference): a config that computes wrong numbers fails here. Returns side -> relative error."""
-        from ..kernels.moe_backends import MoeBf16, MoeFp8
-        from ..kernels.moe_checkpoint import reference
-        from ..kernels.triton_moe import TOLERANCE
+        from .moe_backends import MoeBf16, MoeFp8
+        from .moe_checkpoint import reference
+        from .triton_moe import TOLERANCE
         from ..measure import check_output
 
         M = x.shape[0]
@@ -166,7 +170,7 @@ class MoeSides:
             ok, reason, err = check_output(self.moe(up_w, down_w, x, ids, w, side), ref, tol)
             if not ok:
                 cfg = self.side_config(M, side)
-                raise HarnessError(f"{side} configs at batch {M} compute wrong results ({reason}); "
+                raise LayerError(f"{side} configs at batch {M} compute wrong results ({reason}); "
                                    f"gate_up {cfg.gate_up}, down {cfg.down} ({cfg.source})")
             out[side] = err
         return out
@@ -200,8 +204,8 @@ def time_sides(sides: MoeSides, batch_sizes, repeats: int = 5, seed: int = 3) ->
     repeats), "<side> spread" ((max - min) / median), "<side> source", "<side> error"}."""
     import torch
 
-    from ..kernels.sglang_loader import sglang_context
-    from ..kernels.triton_moe import random_routing
+    from .sglang_loader import sglang_context
+    from .triton_moe import random_routing
     from sglang.srt import runtime_context as rc
 
     up_w, down_w = sides.expert_weights(seed)
