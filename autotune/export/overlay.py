@@ -80,8 +80,18 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
         p = folder / rel
         if p.name not in ours and p.exists() and _still_ours(p, rel, old, old_sha):
             p.unlink()
-    record = {"sglang": sglang_version or installed(), "source": str(src_root), "targets": list(targets),
+    record = {"sglang": sglang_version or installed(), "source": _shown(src_root), "targets": list(targets),
               "files": copied, "skipped": skipped, "sha256": hashes}
     prov[OVERLAY] = record
     write_json(prov_path, prov, ours=PROVENANCE_OURS)
     return record
+
+
+def _shown(src_root: Path) -> str:
+    """Where the copies came from, said the same on every machine: inside an installed sglang package
+    the path from `sglang/` on (the site-packages prefix is this machine's, not the data's), else as given."""
+    parts = src_root.resolve().parts
+    if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
+        return "/".join(parts[parts.index("site-packages") + 1:])
+    return str(src_root)
+
