@@ -32,16 +32,23 @@ def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]
 def backend_table(tuner, choices: dict) -> pd.DataFrame:
     """Per M: SGLang's auto backend and time, the winner and its time, every backend's search time."""
     auto = tuner.family.sglang_auto(tuner.device)
+    # a column per declared backend; a value SGLang lists and no module declares only where it ran
+    # (its refusal is a `disqualified` line: on SM90 that is every one of them)
+    shown = [b for b in tuner.names if _declared(tuner.family, b) or any(tuner.time_of(b, M) for M in tuner.Ms)]
     rows = []
     for M in tuner.Ms:
         c = choices.get(M)
         row = {"M": M, "auto": auto or "-", "auto µs": c.auto_us if c else None,
                "best": backend_label(c.config) if c else "none", "best µs": c.time_us if c else None,
                "speedup": (c.auto_us / c.time_us) if c and c.auto_us else None}
-        for b in tuner.names:
+        for b in shown:
             row[f"{b} µs"] = tuner.time_of(b, M)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _declared(family, name: str) -> bool:
+    return getattr(family.runner(name), "declared", True)
 
 
 def tactic_table(tuner, pinned: dict) -> pd.DataFrame:

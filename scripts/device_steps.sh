@@ -80,7 +80,7 @@ step_tactics() {
 
 step_sieve() {
   at run "${MODEL[@]}" --kernels moe_fp4,fp4_gemm,moe_bf16,moe_fp8 --gpus all --batch-sizes "${SIEVE_BS:-1,64}" \
-     --skip-backends "${SIEVE_SKIP:-marlin,moe_bf16:flashinfer_cutlass}" --timeout "${SIEVE_TIMEOUT:-150}" \
+     --skip-backends "${SIEVE_SKIP:-marlin,experimental_sgl_marlin,lora_marlin,moe_bf16:flashinfer_cutlass}" --timeout "${SIEVE_TIMEOUT:-150}" \
      --storage "sqlite:///$WORK/sieve.db" --out "$WORK/sieve" --record "$WORK/sieve.jsonl.gz" \
      --json "$WORK/sieve.json" --checkpoint moe_fp4 --worker-log "$WORK/workers.log" --quiet
   cat "$WORK"/sieve/*/server_args.yaml 2>/dev/null

@@ -92,14 +92,19 @@ class BackendFamily:
         device = detect()
         p = problems[0]
         inputs = self.make_inputs(p, LAYER, min(p.batch_sizes), routings=1)
-        for a in self.availability(device):
-            if a.ok and not a.expected:
-                try:
-                    self.run({"backend": a.backend.name, "tactic": -1}, inputs, 0)
-                    torch.cuda.synchronize()
-                except Exception:
-                    # A backend that fails here fails again, recorded, in its trial.
-                    torch.cuda.synchronize()
+        for name in self.warmup_backends(device):
+            try:
+                self.run({"backend": name, "tactic": -1}, inputs, 0)
+                torch.cuda.synchronize()
+            except Exception:
+                # A backend that fails here fails again, recorded, in its trial.
+                torch.cuda.synchronize()
+
+    def warmup_backends(self, device) -> list[str]:
+        """The backends `warmup` launches: those that launch here, that nothing expects to fail, and
+        that a module declares (an undeclared value SGLang lists is unknown: its own trial only)."""
+        return [a.backend.name for a in self.availability(device)
+                if a.ok and not a.expected and a.backend.declared]
 
     def tactics(self, config: dict, inputs) -> list:
         """The tactics the config's backend offers for these inputs (JSON form; -1 first)."""

@@ -50,6 +50,9 @@ class Runner:
     # > 0: a tactic is a list of this many independent parts (cutlass_fused_moe: [gemm1, gemm2]); the
     # runner lists them one part at a time (the others -1) and the core also measures the best parts together
     tactic_axes: int = 0
+    # False: a value SGLang lists that no module of the family declares (moe_backends/sglang_listed):
+    # nothing is known of it, so it is launched only in its own trial, never in the warm-up
+    declared: bool = True
 
     def tactics(self, inputs) -> list[int]:
         """The tactics to try for these inputs. -1 is the backend as SGLang runs it (its own
