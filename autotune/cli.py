@@ -84,21 +84,24 @@ def _worker_log(args) -> str | None:
 
 
 def _family_options(args, device) -> dict:
+    """family -> what its protocol object is built with: the run settings its registry entry names
+    (autotune.families.RUN_OPTIONS)."""
+    from . import families
+
     tuned = str(Path(getattr(args, "out", None) or "tuned_configs") / device.file_name)
     skip = _skipped_backends(getattr(args, "skip_backends", None) or "")
-    opts = {"triton_moe": {"space_path": args.search_space, "sglang_versions": _targets(args)}}
-    for name in ("fp8_gemm", "fp4_gemm"):
-        opts[name] = {"skip": skip.get(name, ())}
-    for name in ("moe_bf16", "moe_fp8", "moe_fp4"):
-        opts[name] = {"triton_config_dir": tuned, "skip": skip.get(name, ())}
-    return opts
+    given = {"space_path": args.search_space, "sglang_versions": _targets(args), "triton_config_dir": tuned}
+    return {name: {k: skip.get(name, ()) if k == "skip" else given[k] for k in families.get(name).options}
+            for name in families.names()}
 
 
 def _skipped_backends(text: str) -> dict:
     """family -> backends --skip-backends leaves out there: NAME in every family that has it,
     FAMILY:NAME in that family only (moe_bf16:flashinfer_cutlass keeps the NVFP4 one)."""
-    from .backends import FAMILIES, runners
+    from .backends import runners
+    from .families import BACKENDS, names
 
+    FAMILIES = names(BACKENDS)
     out: dict = {f: [] for f in FAMILIES}
     for entry in (e.strip() for e in text.split(",") if e.strip()):
         family, _, name = entry.rpartition(":")
@@ -184,7 +187,19 @@ def _check_runnable(family, space, problem, gemm, device) -> None:
                          f"(all {space.size()} rejected before compiling, e.g. {first})")
 
 
+def _by_step(plans) -> dict:
+    """step (autotune.families) -> the plans with problems it runs, in the order they came."""
+    from . import families
+
+    out: dict = {}
+    for fp in plans:
+        if fp.problems:
+            out.setdefault(families.get(fp.name).step, []).append(fp)
+    return out
+
+
 def cmd_run(args) -> int:
+    from . import families
     from .cli_triton import run_triton_moe, sku_names
     from .plan import PlanError, parse_kernels
 
@@ -254,18 +269,17 @@ def cmd_run(args) -> int:
             for p, lacking in fp.unrecorded:
                 print(f"replay: {fp.name} {p.key}: batch sizes {','.join(map(str, lacking))} are not in the "
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
-        if "triton_moe" in kernels:
+        if any(families.get(k).step == families.CONFIGS for k in kernels):
             print_shared(exp)
         from .study import Clock
         clock = Clock(pool)
         dev_name = run_name
-        for fp in plans:
-            if fp.name == "triton_moe" and fp.problems:
-                run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
-        backend_plans = [fp for fp in plans if fp.name != "triton_moe" and fp.problems]
-        if backend_plans:
+        steps = _by_step(plans)
+        for fp in steps.get(families.CONFIGS, ()):
+            run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name)
+        if steps.get(families.BACKENDS):
             from .cli_backends import run_backend_choice
-            run_backend_choice(args, backend_plans, device, pool, storage, dev_name)
+            run_backend_choice(args, steps[families.BACKENDS], device, pool, storage, dev_name)
     _write_summary(args, device)
     return 0
 
@@ -273,8 +287,7 @@ def cmd_run(args) -> int:
 def _default_scope_note(args) -> list[str]:
     """What the defaults chose, said where the user chose none of it (the default qwen3.5 scope is
     about 1.6 h of Triton measurements alone on an H200)."""
-    from . import models
-    from .plan import KERNELS
+    from . import families, models
 
     said = []
     if not args.model and not args.model_config and not args.only_drifted:
@@ -285,7 +298,7 @@ def _default_scope_note(args) -> list[str]:
     if not args.dtype:
         said.append("every dtype the GPU supports")
     if args.kernels in (None, "all"):
-        said.append(f"every kernel family ({', '.join(KERNELS)})")
+        said.append(f"every kernel family ({', '.join(families.names())})")
     if not said:
         return []
     return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
@@ -316,13 +329,14 @@ def _check_outputs(args, device, plans, skus=()) -> None:
     measured another way is refused."""
     from .export import server_args
     from .export.sglang import ExportError, export_targets
+    from .families import BACKENDS, CONFIGS
     from .fsutil import claim, json_with
 
+    steps = _by_step(plans)
     try:
-        for fp in plans:
-            if fp.name == "triton_moe" and fp.problems:
-                export_targets(args.out, device, fp.problems, skus)
-        if any(fp.name != "triton_moe" and fp.problems for fp in plans):
+        for fp in steps.get(CONFIGS, ()):
+            export_targets(args.out, device, fp.problems, skus)
+        if steps.get(BACKENDS):
             server_args.check_folder(args.out, device)
             from .export.tactics import BLOCKLIST_FILE, CACHE_FILE
             folder = Path(args.out) / device.file_name

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .backends import FAMILY_FLAGS
+from . import families
 from .cli_common import UsageError, no_bar, record_measurements, summary
 
 
@@ -60,7 +60,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
                                                  *t.unavailable.values()], careful=t.careful.values())
         chosen = server_choice(fp.family, device, tuners, args.mix)
         other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
-        flag = f"--{FAMILY_FLAGS[fp.name]}"
+        flag = f"--{families.get(fp.name).flag}"
         if chosen.auto_fails:      # what a user of SGLang's default hits first: said first, in one line
             print(f"\n{fp.name}: SGLang's {flag} {chosen.auto_line}")
         for line in chosen.surprises():

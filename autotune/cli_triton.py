@@ -89,7 +89,7 @@ def select_and_export(args, tuner, device, clock, t0) -> None:
           f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
     table = problem_table(choices, trials)
     print(format_table(table))
-    summary(args).setdefault("triton_moe", []).append(
+    summary(args).setdefault(tuner.family.name, []).append(
         {"problem": p.key, "per_M": table_records(table), "files": written["files"], "kept": written["kept"],
          "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
     for M, why in written["kept"].items():
