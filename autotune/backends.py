@@ -19,21 +19,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from . import families
 from .device import DeviceInfo
-
-# SGLang server flag each family's backend choice is exported to.
-FAMILY_FLAGS = {
-    "fp4_gemm": "fp4-gemm-backend",
-    "fp8_gemm": "fp8-gemm-backend",
-    "moe_fp4": "moe-runner-backend",
-    "moe_fp8": "moe-runner-backend",
-    "moe_bf16": "moe-runner-backend",
-}
-FAMILIES = tuple(FAMILY_FLAGS)
-# The package whose modules declare each family's runners.
-RUNNER_PACKAGES = {"fp4_gemm": "autotune.kernels.fp4_gemm", "fp8_gemm": "autotune.kernels.fp8_gemm",
-                   "moe_fp4": "autotune.kernels.moe_backends", "moe_fp8": "autotune.kernels.moe_backends",
-                   "moe_bf16": "autotune.kernels.moe_backends"}
 
 SM100S = frozenset({100, 103})
 SM120S = frozenset({120, 121})
@@ -47,9 +34,9 @@ def _declared(package: str) -> tuple:
 
 
 def runners(family: str | None = None) -> list:
-    """Every declared runner (of one family)."""
-    families = FAMILIES if family is None else (family,)
-    return [r for f in families for r in _declared(RUNNER_PACKAGES[f]) if r.family == f]
+    """Every declared runner (of one backend family, or of all of them)."""
+    names = families.names(families.BACKENDS) if family is None else (family,)
+    return [r for f in names for r in _declared(families.get(f).runners) if r.family == f]
 
 
 @dataclass
@@ -115,15 +102,14 @@ def expected_failure(b, device: DeviceInfo) -> str | None:
 
 
 def sglang_offers(family: str, value: str) -> bool | None:
-    """Whether the installed SGLang accepts `value` for the family's flag (None: SGLang absent)."""
+    """Whether the installed SGLang accepts `value` for the family's flag (None: SGLang absent, or the
+    family names no list of SGLang's to ask)."""
     try:
         from sglang.srt.arg_groups import choices
     except ImportError:
         return None
-    accepted = {"fp4-gemm-backend": choices.FP4_GEMM_RUNNER_BACKEND_CHOICES,
-                "fp8-gemm-backend": choices.FP8_GEMM_RUNNER_BACKEND_CHOICES,
-                "moe-runner-backend": choices.MOE_RUNNER_BACKEND_CHOICES}[FAMILY_FLAGS[family]]
-    return value in accepted
+    listed = families.get(family).sglang_choices
+    return None if listed is None else value in getattr(choices, listed)
 
 
 def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availability:
@@ -138,14 +124,14 @@ def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availabil
             if not _importable(mod):
                 return Availability(b, False, f"needs the '{mod}' package, not installed")
         if b.sglang_value is not None and sglang_offers(b.family, b.sglang_value) is False:
-            return Availability(b, False, f"the installed SGLang has no --{FAMILY_FLAGS[b.family]} "
+            return Availability(b, False, f"the installed SGLang has no --{families.get(b.family).flag} "
                                           f"{b.sglang_value}")
     return Availability(b, True, expected=expected_failure(b, device) or "")
 
 
 def backends(family: str) -> list:
-    if family not in FAMILY_FLAGS:
-        raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
+    if family not in families.names(families.BACKENDS):
+        raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(families.names(families.BACKENDS))}")
     return runners(family)
 
 
@@ -179,8 +165,8 @@ def sglang_auto(family: str, device: DeviceInfo, deep_gemm: bool | None = None) 
         if deep_gemm and sm in (90, 100, 103):
             return "deep_gemm"
         return "triton" if sm < 100 else None
-    if family not in FAMILY_FLAGS:
-        raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
+    if family not in families.names(families.BACKENDS):
+        raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(families.names(families.BACKENDS))}")
     value = sglang_auto_value(family, None if _is_this_gpu(device) else sm)
     return next((r.name for r in runners(family) if value is not None and r.sglang_value == value), None)
 
@@ -207,9 +193,11 @@ def sglang_auto_value(family: str, sm: int | None) -> str | None:
     def ask():
         if family == "fp4_gemm":
             return sglang_layer.resolved_fp4_gemm_backend(sm)
+        spec = families.get(family)
+        if spec.problems != families.MOE:
+            return None                  # a dense family whose `auto` SGLang's code is not asked for
         from .models import Problem
-        from .plan import MOE_DTYPE
-        return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=MOE_DTYPE[family]), sm)
+        return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=spec.dtype), sm)
     if sm is None:
         return ask()
     return remembered(("auto", family, sm), ask, lambda a: isinstance(a, str))

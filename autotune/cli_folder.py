@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from .cli_common import UsageError, print_shared, problems
+from .errors import UsageError
+from .run_common import print_shared, problems
 
 
 # --- shapes ----------------------------------------------------------------------------------

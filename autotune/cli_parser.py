@@ -1,7 +1,7 @@
 """The `autotune` command line: every subcommand's flags (the commands live in cli.py and cli_folder.py)."""
 from __future__ import annotations
 
-from . import inputs
+from . import families, inputs
 from .cli_common import add_selection
 from .models import MAX_BATCH
 
@@ -88,14 +88,13 @@ def build_parser(commands: dict) -> inputs.Parser:
                         "GPU or Triton, or an SGLang release in --sglang-version they do not run in); the problems "
                         "come from its provenance, the files go back into it")
     p.add_argument("--kernels", default="all",
-                   help="kernel families: triton_moe, moe_bf16, moe_fp8, moe_fp4, fp8_gemm, fp4_gemm, or all "
-                        "(default: all that this GPU supports)")
+                   help=f"kernel families: {', '.join(families.names())}, or all (default: all that this GPU supports)")
     p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
                    help="batch-size mix the one-backend-per-server choice optimises (default decode)")
     p.add_argument("--skip-backends", metavar="NAMES",
                    help="backends never launched: NAME in every family, FAMILY:NAME in one (e.g. "
                         "moe_bf16:flashinfer_cutlass where its CUTLASS MoE JIT build is not cached yet)")
-    p.add_argument("--checkpoint", choices=("moe_bf16", "moe_fp8", "moe_fp4"),
+    p.add_argument("--checkpoint", choices=families.with_flag("moe-runner-backend"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
     inputs.add_force(p)
     p.set_defaults(fn=commands["run"])

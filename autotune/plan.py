@@ -1,19 +1,17 @@
 """Which problems each requested kernel family tunes on this device, and why others are left out.
 
-Families: triton_moe (SGLang's Triton fused-MoE configs per shape and M), the MoE runner choice
-for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense GEMM backend
-choice (fp8_gemm, fp4_gemm). A family that cannot run here is reported once, with why.
+Families (autotune.families): triton_moe (SGLang's Triton fused-MoE configs per shape and M), the
+MoE runner choice for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense
+GEMM backend choice (fp8_gemm, fp4_gemm). Each one's problems are its registry entry's kind (the
+fused-MoE layers or the dense GEMMs) at its dtype. A family that cannot run here is reported once,
+with why.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from . import models
-
-KERNELS = ("triton_moe", "moe_bf16", "moe_fp8", "moe_fp4", "fp8_gemm", "fp4_gemm")
-MOE_DTYPE = {"moe_bf16": "bf16", "moe_fp8": "fp8_w8a8_block", "moe_fp4": "nvfp4"}
-GEMM_DTYPE = {"fp8_gemm": "fp8_w8a8_block", "fp4_gemm": "nvfp4"}
+from . import families, models
 
 
 class PlanError(ValueError):
@@ -31,18 +29,20 @@ class FamilyPlan:
 
 
 def parse_kernels(text: str | None) -> list[str]:
+    known = families.names()
     if not text or text == "all":
-        return list(KERNELS)
+        return list(known)
     names = [k.strip() for k in text.split(",") if k.strip()]
-    bad = [k for k in names if k not in KERNELS]
+    bad = [k for k in names if k not in known]
     if bad:
-        raise PlanError(f"unknown kernel family {', '.join(map(repr, bad))}; known: {', '.join(KERNELS)}, all")
+        raise PlanError(f"unknown kernel family {', '.join(map(repr, bad))}; known: {', '.join(known)}, all")
     return names
 
 
 def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, device, cache=None,
           options: dict | None = None) -> tuple[models.Expansion, list[FamilyPlan]]:
-    """Plans per family. `dtypes` filters triton_moe's dtypes (None: all it supports)."""
+    """Plans per family. `dtypes` filters the dtypes of the families that take --dtype (None: all of
+    SGLang's Triton fused MoE); the fused-MoE problems at those dtypes are returned beside the plans."""
     from .kernels import get_family
 
     options = options or {}
@@ -50,14 +50,13 @@ def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, devi
     triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
     plans = []
     for name in kernels:
-        fam = get_family(name, **options.get(name, {}))
-        if name == "triton_moe":
-            problems = triton.problems
-        elif name in MOE_DTYPE:
-            problems = models.expand(chosen_models, tps, eps, (MOE_DTYPE[name],), batch_sizes).problems
+        fam, spec = get_family(name, **options.get(name, {})), families.get(name)
+        if spec.problems == families.MOE:
+            problems = (models.expand(chosen_models, tps, eps, (spec.dtype,), batch_sizes).problems if spec.dtype
+                        else triton.problems)
         else:
             problems = [g for m in chosen_models for tp in tps
-                        for g in models.dense_gemms(m, tp, GEMM_DTYPE[name], batch_sizes)]
+                        for g in models.dense_gemms(m, tp, spec.dtype, batch_sizes)]
             problems = list({p.key: p for p in problems}.values())
         plans.append(family_plan(name, fam, problems, device, cache, recorded,
                                  recorded_Ms=batch_sizes == models.DEFAULT_BATCH_SIZES))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import families
 from .backends import runners
 
 REFERENCE = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
@@ -85,7 +86,8 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
     for fp in plans:
         if fp.unsupported or not fp.problems:
             continue
-        if fp.name == "triton_moe":
+        configs = families.get(fp.name).step == families.CONFIGS
+        if configs:
             per = [len(p.batch_sizes) * len(fp.family.gemms) for p in fp.problems]
             n = sum(k * trials * (1 + 2 * neighbours) for k in per) + \
                 sum(len(p.batch_sizes) * CAREFUL_PER_M for p in fp.problems)
@@ -101,7 +103,7 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
                        f"(~{TACTICS_PER_TUNABLE} each per shape and batch size on the H200)" if tunable else "")
             line = (f"  {fp.name}: {len(fp.problems)} problems, every available backend at every batch size"
                     f"{tactics}; ~{n} measurements")
-        cost, basis = cost_basis(fp.name == "triton_moe", device, cache)
+        cost, basis = cost_basis(configs, device, cache)
         if cost is not None and device_s is not None:
             device_s += n * cost
             line += f", {_time(n * cost)}"

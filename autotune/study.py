@@ -238,8 +238,9 @@ class ProblemTuner:
         run_tasks(self.pool, tasks, on_result)
 
     def _task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
+        # Workers build the family by name, or by `spec` ("module:Class") where it is not a registered one.
         return Task(self.problem.to_dict(), self.problem.key, gemm, records.canonical(config), list(Ms),
-                    repeats=repeats, tag=tag)
+                    repeats=repeats, tag=tag, family=getattr(self.family, "spec", self.family.name))
 
     # -- baselines --------------------------------------------------------------------------------
     def measure_baselines(self) -> None:

@@ -95,9 +95,9 @@ def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
 def test_a_backend_is_skipped_in_one_family_only(tmp_path, cache_path):
     """moe_bf16:flashinfer_cutlass leaves out the bf16 CUTLASS MoE (a JIT build this machine cannot
     afford) and nothing else: the other families keep theirs."""
-    from autotune.cli import _skipped_backends
+    from autotune.run_open import skipped_backends
 
-    skip = _skipped_backends("moe_bf16:flashinfer_cutlass, marlin")
+    skip = skipped_backends("moe_bf16:flashinfer_cutlass, marlin")
     assert skip["moe_bf16"] == ("flashinfer_cutlass",) and skip["moe_fp4"] == ("marlin",)
     assert skip["moe_fp8"] == ("marlin",) and skip["fp4_gemm"] == ("marlin",) and skip["fp8_gemm"] == ()
     assert _run(tmp_path, cache_path, "--skip-backends", "moe_bf16:flashinfer_cutlass") == 0

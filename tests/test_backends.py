@@ -1,7 +1,7 @@
 """The capability table: what may run where, with the reason for what may not."""
 import pytest
 
-from autotune import backends
+from autotune import backends, families
 from autotune.device import DeviceInfo, SMEM_OPTIN
 
 
@@ -98,7 +98,7 @@ def test_every_selectable_value_is_one_sglang_accepts():
                 "moe-runner-backend": choices.MOE_RUNNER_BACKEND_CHOICES}
     for b in backends.runners():
         if b.sglang_value is not None:
-            assert b.sglang_value in accepted[backends.FAMILY_FLAGS[b.family]], b
+            assert b.sglang_value in accepted[families.get(b.family).flag], b
 
 
 def test_unknown_names_are_clear_errors():

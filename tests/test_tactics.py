@@ -3,7 +3,6 @@ that offers it; a tactic wrong at one M, or one FlashInfer replaced by its defau
 alone and lands in a blocklist FlashInfer's own loader applies; the winners are pinned in a cache
 FlashInfer's own loader serves."""
 import json
-from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -149,15 +148,14 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     from flashinfer.autotuner import AutoTuner
     from flashinfer.autotuner.autotuner import _collect_metadata
 
-    from autotune import cli_backends
+    from autotune import run_backends
     from autotune.export import server_args
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
-    args = SimpleNamespace(out=str(tmp_path))
-    cli_backends.write_tactic_files(args, device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()])
+    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
     assert AutoTuner().load_configs(str(cache))
@@ -172,12 +170,12 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
 
 
 def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp_path, capsys):
-    from autotune import cli_backends
+    from autotune import run_backends
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
-    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()])
+    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
     assert "3 winning tactics not written" in capsys.readouterr().out
@@ -185,15 +183,15 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
 
 def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tuned, tmp_path, capsys):
-    from autotune import cli_backends
+    from autotune import run_backends
     from autotune.choice import Choice
 
     fam, tuner, _, _ = tuned
     kept = {b: {M: Choice(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
-    cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in kept.values()])
+    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+                                    [(PROBLEM, per_m) for per_m in kept.values()], {})
     out = capsys.readouterr().out
     assert not (tmp_path / device.file_name / tactic_files.CACHE_FILE).exists()
     assert "no tactic beat its backend's default (-1) beyond the noise" in out

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import families as registry
 from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
 from ..fsutil import json_with, write_atomic, write_json
-from ..backends import FAMILIES, FAMILY_FLAGS
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 
 SERVER_ARGS = "server_args.yaml"
@@ -30,6 +30,13 @@ DETAILS_OURS = json_with("device", "families")
 BEGIN = "# autotune: SGLang server arguments"
 END = "# autotune: end of the generated section (lines outside it are kept as they are)"
 MIX_TEXT = {"decode": "decode mix (M <= 64)", "prefill": "prefill mix (M >= 512)"}
+MOE_FLAG = "moe-runner-backend"
+
+
+def flag_of(family: str) -> str:
+    """The SGLang flag a family's choice goes to (a family this release does not know: its name)."""
+    spec = registry.REGISTRY.get(family)
+    return spec.flag if spec is not None and spec.flag else family
 
 
 class ChoicesError(ValueError):
@@ -105,14 +112,14 @@ def render(details: dict, path: str | Path, user_flags=frozenset()) -> str:
                      f"autotune install {folder} --model-path <the server's> --tp <N>")
     lines.append("")
     for name, entry in families.items():
-        flag = FAMILY_FLAGS.get(name, name)
+        flag = flag_of(name)
         comments, value = _section(name, entry)
         lines += comments
         if value is None:
             lines.append(f"# {flag}: no backend SGLang can select ran correctly everywhere; SGLang's default stays")
         elif flag in user_flags:
             lines.append(f"# {flag}: {value}    # autotune's choice; this file's own {flag} line is kept")
-        elif flag == "moe-runner-backend" and name != checkpoint:
+        elif flag == MOE_FLAG and name != checkpoint:
             lines.append(f"# {flag}: {value}    # for {name.split('_', 1)[1]} experts (this file is for {checkpoint})")
         else:
             lines.append(f"{flag}: {value}")
@@ -233,8 +240,11 @@ def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoin
     old = _existing(folder, device)
     check_kinds(old, families, folder / DETAILS)
     merged = {**old.get("families", {}), **families}
-    merged = {n: merged[n] for n in sorted(merged, key=lambda n: (FAMILIES.index(n) if n in FAMILIES else 99, n))}
-    moe = [n for n in merged if FAMILY_FLAGS.get(n) == "moe-runner-backend"]
+    # The file lists the sections in the run's order reversed: the dense GEMM flags first, the MoE
+    # runner (one per expert dtype) last, as it always did; a family this release does not know, by name.
+    sections = registry.names(registry.BACKENDS)[::-1]
+    merged = {n: merged[n] for n in sorted(merged, key=lambda n: (sections.index(n) if n in sections else 99, n))}
+    moe = [n for n in merged if flag_of(n) == MOE_FLAG]
     new_moe = [n for n in families if n in moe]
     # the explicit choice, else this run's MoE family, else what the folder said before
     keep = checkpoint or (new_moe[0] if new_moe else None) or old.get("checkpoint")

@@ -52,20 +52,13 @@ class KernelFamily(Protocol):
         """Build once what every worker would otherwise build at the same time (JIT kernels)."""
 
 
-FAMILIES = {
-    "triton_moe": "autotune.kernels.triton_moe:TritonMoe",
-    "fp8_gemm": "autotune.kernels.fp8_gemm:Fp8Gemm",
-    "fp4_gemm": "autotune.kernels.fp4_gemm:Fp4Gemm",
-    "moe_bf16": "autotune.kernels.moe_backends:MoeBf16",
-    "moe_fp8": "autotune.kernels.moe_backends:MoeFp8",
-    "moe_fp4": "autotune.kernels.moe_backends:MoeFp4",
-}
-
-
 def get_family(spec: str, **options) -> KernelFamily:
-    """A family by name, or by "module:Class" (tests inject faulty families this way)."""
-    target = FAMILIES.get(spec, spec)
+    """A family by its registered name (autotune.families), or by "module:Class" (tests inject faulty
+    families this way)."""
+    from .. import families
+
+    target = families.REGISTRY[spec].kernel if spec in families.REGISTRY else spec
     if ":" not in target:
-        raise KeyError(f"unknown kernel family {spec!r}; known: {', '.join(FAMILIES)}")
+        raise KeyError(f"unknown kernel family {spec!r}; known: {', '.join(families.names())}")
     mod, cls = target.split(":", 1)
     return getattr(importlib.import_module(mod), cls)(**options)

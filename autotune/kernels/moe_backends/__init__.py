@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ... import families
 from ..backend_family import BackendFamily
 from ..runner import Runner
 
@@ -35,8 +36,12 @@ class MoeLayerInputs:
 
 
 class _MoeLayerFamily(BackendFamily):
-    dtype = ""              # Problem.dtype this family serves
     tol = 0.02
+
+    @property
+    def dtype(self) -> str:
+        """Problem.dtype this family serves: its registry entry's (autotune.families)."""
+        return families.get(self.name).dtype
 
     def __init__(self, triton_config_dir: str | None = None, skip: tuple = ()):
         super().__init__(skip)
@@ -88,7 +93,6 @@ class _MoeLayerFamily(BackendFamily):
 
 class MoeBf16(_MoeLayerFamily):
     name = "moe_bf16"
-    dtype = "bf16"
     tol = 0.02
 
 
@@ -97,7 +101,6 @@ class MoeFp8(_MoeLayerFamily):
     group of 128 inside each runner."""
 
     name = "moe_fp8"
-    dtype = "fp8_w8a8_block"
     tol = 0.08
 
 
@@ -107,7 +110,6 @@ class MoeFp4(_MoeLayerFamily):
     a broken runner at ~100%."""
 
     name = "moe_fp4"
-    dtype = "nvfp4"
     tol = 0.3
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .backends import FAMILY_FLAGS
-from .cli_common import UsageError, no_bar, record_measurements, summary
+from . import families
+from .errors import UsageError
+from .run_common import no_bar, record_measurements
 
 
-def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
+def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dict) -> None:
     """Every available backend of each family at every M of each problem; per-M winners; the one
     backend per server for the decode and prefill mixes; server_args.yaml."""
     from tqdm import tqdm
@@ -20,7 +21,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
     from .report import backend_table, format_table, table_records, tactic_table
 
     try:       # a folder whose choices cannot be merged is refused before anything is measured
-        server_args.check_folder(args.out, device)
+        server_args.check_folder(req.out, device)
     except server_args.ChoicesError as e:
         raise UsageError(str(e)) from None
     results, details = [], {}
@@ -28,7 +29,7 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
         tuners, per_problem = [], []
         for p in fp.problems:
             with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
-                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
+                      desc=f"{fp.name} {p.key}", file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
                 t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
                 t.measure()
             choices = t.select()
@@ -38,13 +39,13 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
             print(f"\n{fp.name} {p.key} ({'replay' if device.is_replay else device.name}):")
             table = backend_table(t, choices)
             print(format_table(table))
-            summary(args).setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
+            summary.setdefault(fp.name, []).append({"problem": p.key, "per_M": table_records(table),
                                                            "disqualified": sorted(t.disqualified())})
             if pinned:
                 tactics = tactic_table(t, pinned)
                 print(f"  best tactic of each tunable backend, re-measured beside its default (FlashInfer's cache "
                       f"pins it wherever SGLang runs that backend):\n{format_table(tactics)}")
-                summary(args)[fp.name][-1]["tactics"] = table_records(tactics)
+                summary[fp.name][-1]["tactics"] = table_records(tactics)
             for b, m in sorted(t.disqualified().items()):
                 print(f"  disqualified {b}: {m.status} at M={m.M}: {m.reason}")
             for m in t.disqualified_tactics().values():
@@ -55,33 +56,33 @@ def run_backend_choice(args, plans, device, pool, storage, dev_name) -> None:
             details.setdefault(fp.name, {})[p.key] = {
                 "per_M": {M: c.to_dict() for M, c in choices.items()},
                 "disqualified": {b: m.to_dict() for b, m in t.disqualified().items()}}
-            if args.record:
-                record_measurements(args.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
+            if req.record:
+                record_measurements(req.record, device, p, [*(m for d in t.measured.values() for m in d.values()),
                                                  *t.unavailable.values()], careful=t.careful.values())
-        chosen = server_choice(fp.family, device, tuners, args.mix)
-        other = server_choice(fp.family, device, tuners, "prefill" if args.mix == "decode" else "decode")
-        flag = f"--{FAMILY_FLAGS[fp.name]}"
+        chosen = server_choice(fp.family, device, tuners, req.mix)
+        other = server_choice(fp.family, device, tuners, "prefill" if req.mix == "decode" else "decode")
+        flag = f"--{families.get(fp.name).flag}"
         if chosen.auto_fails:      # what a user of SGLang's default hits first: said first, in one line
             print(f"\n{fp.name}: SGLang's {flag} {chosen.auto_line}")
         for line in chosen.surprises():
             print(f"  note: {line}")
-        print(f"\n{fp.name}: one backend per server, {args.mix} mix: {chosen.summary}"
+        print(f"\n{fp.name}: one backend per server, {req.mix} mix: {chosen.summary}"
               + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
               + f"; {other.mix} mix: {other.summary}")
         results.append(([chosen, other], fp.family))
-        write_tactic_files(args, device, fp.family, tuners, per_problem)
-        summary(args)[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
-        summary(args)[f"{fp.name} auto"] = chosen.auto_line
+        write_tactic_files(req.out, device, fp.family, tuners, per_problem, summary)
+        summary[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
+        summary[f"{fp.name} auto"] = chosen.auto_line
     try:
-        path = server_args.write(args.out, device, results, args.checkpoint, details)
+        path = server_args.write(req.out, device, results, req.checkpoint, details)
     except server_args.ChoicesError as e:
         raise UsageError(f"server_args.yaml not written: {e}") from None
     print(f"\nwrote {path}")
-    summary(args)["server_args"] = str(path)
+    summary["server_args"] = str(path)
 
 
-def write_tactic_files(args, device, family, tuners, per_problem) -> None:
+def write_tactic_files(out, device, family, tuners, per_problem, summary: dict) -> None:
     """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
     beside the tuned configs (autotune.export.tactics). `per_problem`: (problem, M -> Choice) pairs,
     one per tunable backend (BackendTuner.tactic_choices)."""
@@ -90,7 +91,7 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
 
     if getattr(family, "runner", None) is None:
         return
-    folder = Path(args.out) / device.file_name
+    folder = Path(out) / device.file_name
     invalid = files.blocklist_of(family, tuners)
     if invalid:
         path = folder / files.BLOCKLIST_FILE
@@ -100,7 +101,7 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
             raise UsageError(str(e)) from None
         print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
               f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
-        summary(args).setdefault("flashinfer_blocklist", str(path))
+        summary.setdefault("flashinfer_blocklist", str(path))
     searched = any(m.config.get("tactic", -1) != -1 for t in tuners for M in t.Ms for m in t.measured[M].values())
     if searched and not invalid:
         print("no tactic was disqualified: every tactic FlashInfer's runners listed ran correctly; no blocklist written")
@@ -123,4 +124,4 @@ def write_tactic_files(args, device, family, tuners, per_problem) -> None:
         return
     print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
           "puts it where SGLang reads it, one identical file per rank)")
-    summary(args).setdefault("flashinfer_cache", str(path))
+    summary.setdefault("flashinfer_cache", str(path))

@@ -1,4 +1,4 @@
-"""`autotune run`'s (and `export`'s) Triton fused-MoE step: search each problem, select per M,
+"""`autotune run`'s (and `export`'s) config-search step (the Triton fused-MoE configs): search each problem, select per M,
 confirm the picks as SGLang runs the layer (on a GPU), write SGLang's files, then lay SGLang's
 shipped files and the other SKU names beside them."""
 from __future__ import annotations
@@ -7,38 +7,39 @@ import sys
 import time
 from pathlib import Path
 
-from .cli_common import UsageError, no_bar, record_measurements, summary, triton_settings
+from .errors import UsageError
+from .run_common import no_bar, record_measurements, triton_settings
 
 
-def run_triton_moe(args, fp, device, pool, storage, budget, clock, dev_name) -> None:
+def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, summary: dict) -> None:
     from tqdm import tqdm
 
     from .study import ProblemTuner
 
     family = fp.family
-    settings = triton_settings(args, budget)
+    settings = triton_settings(req, budget, warm)
     for p in fp.problems:
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                  desc=p.key, file=sys.stderr, disable=no_bar(args), dynamic_ncols=True) as bar:
+                  desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
             tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
                                  study_device=dev_name)
             bar.update(sum(s.asked for s in tuner.slots.values()))
             tuner.measure_baselines()
             tuner.search()
-        select_and_export(args, tuner, device, clock, t0)
-        if args.record:
-            record_measurements(args.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
+        select_and_export(req, tuner, device, clock, t0, summary)
+        if req.record:
+            record_measurements(req.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
                     careful=tuner.careful.values())
-    overlay(args, device, family)
+    overlay(req, device, family)
 
 
-def sku_names(args, device) -> tuple[str, ...]:
+def sku_names(req, device) -> tuple[str, ...]:
     """--device-name values, checked before anything is measured."""
     from .export.skus import SkuError, check_name, same_chip
 
     names = []
-    for raw in getattr(args, "device_name", None) or ():
+    for raw in getattr(req, "device_name", None) or ():
         try:
             name = check_name(raw)
         except SkuError as e:
@@ -50,12 +51,12 @@ def sku_names(args, device) -> tuple[str, ...]:
     return tuple(names)
 
 
-def overlay(args, device, family) -> None:
+def overlay(req, device, family) -> None:
     from .export.overlay import overlay_shipped
     from .export.skus import copy_for_skus
 
-    folder = Path(args.out) / device.file_name
-    skus = sku_names(args, device)
+    folder = Path(req.out) / device.file_name
+    skus = sku_names(req, device)
     for path in copy_for_skus(folder, device.name, list(skus)):
         print(f"  wrote {path} (same configs, for another SKU)")
     rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
@@ -63,7 +64,7 @@ def overlay(args, device, family) -> None:
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
-def select_and_export(args, tuner, device, clock, t0) -> None:
+def select_and_export(req, tuner, device, clock, t0, summary: dict) -> None:
     from .export.sglang import ExportError, export_problem
     from .report import format_table, problem_table, table_records
     from .select import select_problem
@@ -77,19 +78,19 @@ def select_and_export(args, tuner, device, clock, t0) -> None:
                 "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
                 "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
                 "wall_seconds": round(time.monotonic() - t0, 1),
-                "storage": safe_url(args.storage or "sqlite:///autotune.db"),
-                "warm_start": getattr(args, "warm_start", None), "warm_start_configs": tuner.warm_queued,
+                "storage": safe_url(req.storage or "sqlite:///autotune.db"),
+                "warm_start": getattr(req, "warm_start", None), "warm_start_configs": tuner.warm_queued,
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
     try:
-        written = export_problem(args.out, device, p, choices, run_info, tuner.family.sglang_versions)
+        written = export_problem(req.out, device, p, choices, run_info, tuner.family.sglang_versions)
     except ExportError as e:
         raise UsageError(str(e))
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} "
           f"measurements ({tuner.measured_now} new), device time {clock.device_s():.0f} s")
     table = problem_table(choices, trials)
     print(format_table(table))
-    summary(args).setdefault("triton_moe", []).append(
+    summary.setdefault(tuner.family.name, []).append(
         {"problem": p.key, "per_M": table_records(table), "files": written["files"], "kept": written["kept"],
          "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
     for M, why in written["kept"].items():

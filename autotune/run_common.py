@@ -1,0 +1,81 @@
+"""What the steps of run, worker and export share: the "what to tune" selection read from a request,
+the note on problems that share one SGLang file, progress bars, the search settings with the warm
+start read once, the --json summary begun, and the --record cache extended."""
+from __future__ import annotations
+
+import sys
+
+from .errors import UsageError
+
+
+def selection(req):
+    """(models, tps, eps, dtypes or None, batch sizes) from the "what to tune" settings."""
+    from . import models
+
+    return (models.select_models(req.shapes, req.model, req.model_config),
+            models.parse_int_list(req.tp, "--tp"), models.parse_int_list(req.ep, "--ep"),
+            tuple(d.strip() for d in req.dtype.split(",")) if req.dtype else None,
+            models.parse_int_list(req.batch_sizes, "--batch-sizes", models.MAX_BATCH) if req.batch_sizes
+            else models.DEFAULT_BATCH_SIZES)
+
+
+def problems(req):
+    from . import models
+
+    ms, tps, eps, dtypes, bss = selection(req)
+    return models.expand(ms, tps, eps, dtypes or models.TRITON_DTYPES, bss)
+
+
+def print_shared(exp) -> None:
+    for key, others in exp.shared.items():
+        owner = next(p for p in exp.problems if p.file_key == key)
+        for o in others:
+            who = ", ".join(sorted({f"{s[0]} tp{s[1]}" for s in o.sources}))
+            print(f"note: {who} (K={o.K}, top_k={o.top_k}) maps to the same SGLang file as {owner.key}; "
+                  f"that file is tuned for K={owner.K}, top_k={owner.top_k}")
+
+
+def no_bar(req) -> bool:
+    """Progress bars only on a terminal: in a log file they are thousands of carriage returns. The
+    one-line summary after each problem is printed either way."""
+    return bool(req.quiet) or getattr(req, "log_level", "info") == "warning" or not sys.stderr.isatty()
+
+
+def triton_settings(req, budget, warm):
+    """The search's settings; `warm`: the warm start load_warm_start read (or None)."""
+    from .study import TuneSettings
+    return TuneSettings(trials=req.trials or 40, budget_s=budget, seed=req.seed,
+                        neighbours=req.neighbours, use_shipped=not req.no_shipped, warm_start=warm)
+
+
+def load_warm_start(path):
+    """--warm-start's source, read once by the command before anything is measured (None: none)."""
+    if not path:
+        return None
+    from .warm_start import WarmStartError, load
+    try:
+        warm = load(path)
+    except WarmStartError as e:
+        raise UsageError(str(e)) from None
+    print(f"warm start: {warm.describe()}")
+    return warm
+
+
+def new_summary() -> dict:
+    """What the run did, for --json (filled by the steps, written once at its end)."""
+    return {"command": "autotune " + " ".join(sys.argv[1:])}
+
+
+def record_measurements(path, device, problem, measurements, careful=()) -> None:
+    from .records import Cache, CacheError, read_cache, write_cache
+
+    try:
+        cache = read_cache(path)
+    except CacheError:
+        cache = Cache(device.to_dict())
+    cache.problems[problem.key] = problem.to_dict()
+    for ms, is_careful in ((measurements, False), (careful, True)):
+        for m in ms:
+            if m.status != "invalid":
+                cache.add(m, careful=is_careful)
+    write_cache(path, cache)

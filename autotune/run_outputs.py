@@ -1,0 +1,118 @@
+"""What a run checks before it measures, in the order that lets a refusal change nothing (something to
+tune, every output ours to write, then the storage opened and claimed), and the --json summary it
+writes at its end."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+from .run_open import by_step
+
+
+def default_scope_note(req) -> list[str]:
+    """What the defaults chose, said where the user chose none of it (the default qwen3.5 scope is
+    about 1.6 h of Triton measurements alone on an H200)."""
+    from . import families, models
+
+    said = []
+    if not req.model and not req.model_config and not req.only_drifted:
+        fam = req.shapes or "qwen3.5"
+        said.append(f"the {fam} family ({', '.join(m.name for m in models.select_models(fam))})")
+    if tuple(req.tp) == (1, 2, 4, 8):
+        said.append("every TP size (1,2,4,8)")
+    if not req.dtype:
+        said.append("every dtype the GPU supports")
+    if req.kernels in (None, "all"):
+        said.append(f"every kernel family ({', '.join(families.names())})")
+    if not said:
+        return []
+    return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
+            "--kernels triton_moe, or bound it with --budget 1h"]
+
+
+SUMMARY_OURS = ("command", "device")
+
+
+def outputs_then_storage(req, device, pool, plans, skus, run_name):
+    """In this order, so that a refusal changes nothing: something to tune, every output writable
+    by us, then the storage opened and claimed. The pool is closed on a refusal."""
+    try:
+        if not any(fp.problems for fp in plans):
+            raise UsageError("nothing to tune on this device: " + "; ".join(
+                f"{fp.name}: {fp.unsupported or 'no problems'}" for fp in plans))
+        check_outputs(req, device, plans, skus)
+        return open_storage_claimed(req, device, run_name)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+
+
+def check_outputs(req, device, plans, skus=()) -> None:
+    """Every file the run will write, checked before anything is measured: a file there that
+    autotune did not write is refused (NotOurs, exit 2) unless --force; a folder that holds results
+    measured another way is refused."""
+    from .export import server_args
+    from .export.sglang import ExportError, export_targets
+    from .families import BACKENDS, CONFIGS
+    from .fsutil import claim, json_with
+
+    steps = by_step(plans)
+    try:
+        for fp in steps.get(CONFIGS, ()):
+            export_targets(req.out, device, fp.problems, skus)
+        if steps.get(BACKENDS):
+            server_args.check_folder(req.out, device)
+            from .export.tactics import BLOCKLIST_FILE, CACHE_FILE
+            folder = Path(req.out) / device.file_name
+            claim(folder / BLOCKLIST_FILE, json_with("invalid_tactics"))
+            claim(folder / CACHE_FILE, json_with("_metadata"))
+    except (ExportError, server_args.ChoicesError) as e:
+        raise UsageError(str(e)) from None
+    if getattr(req, "json", None):
+        claim(req.json, json_with(*SUMMARY_OURS), "--json")
+
+
+def check_record_file(path) -> None:
+    """--record extends a measurement cache; anything else at that path is refused, before any work."""
+    from .records import CacheError, read_cache
+
+    if path and Path(path).exists():
+        try:
+            read_cache(path)
+        except CacheError as e:
+            raise UsageError(f"--record {path}: {e}; refusing to overwrite it (name a new file)") from None
+
+
+def check_record_device(path, device) -> None:
+    from .records import read_cache
+
+    if path and Path(path).exists():
+        rec = read_cache(path).device
+        if (rec.get("name"), rec.get("sm")) != (device.name, device.sm):
+            raise UsageError(f"--record {path} holds measurements of {rec.get('name')} (SM{rec.get('sm')}), not "
+                             f"{device.name}: name a new file")
+
+
+def run_name(req, device) -> str:
+    """Studies are named after the run (default: the GPU's name); replays never share a GPU's."""
+    return (getattr(req, "study", None) or device.file_name) + ("~replay" if device.is_replay else "")
+
+
+def open_storage_claimed(req, device, run_name: str, shared: bool = False):
+    from .storage import StorageError, claim, open_storage
+
+    try:
+        storage = open_storage(req.storage, shared=shared, heartbeat_s=getattr(req, "heartbeat", 10))
+        claim(storage, run_name, device)
+    except StorageError as e:
+        raise UsageError(str(e))
+    return storage
+
+
+def write_summary(req, device, summary: dict) -> None:
+    if getattr(req, "json", None):
+        from .fsutil import json_with, write_json
+        write_json(req.json, {**summary, "device": device.name, "replay": device.is_replay,
+                               "out": str(Path(req.out) / device.file_name)}, ours=json_with(*SUMMARY_OURS))
+        print(f"wrote {req.json} (summary of the run)")

@@ -1,0 +1,69 @@
+"""One study searched by many workers (`autotune worker`, any number of hosts on one storage), and its
+selection and files written from the storage (`autotune export`)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from .errors import UsageError
+from .run_common import load_warm_start, no_bar, triton_settings
+from .run_configs import overlay, select_and_export, sku_names
+from .run_open import open_device
+from .run_outputs import open_storage_claimed, outputs_then_storage, run_name
+
+
+def search_shared(req) -> None:
+    """Search the run's studies together with any number of other workers (any hosts) sharing
+    the storage; stops when every study has its trials. Selection and files: `autotune export`."""
+    from tqdm import tqdm
+
+    from .study import Clock, ProblemTuner
+
+    budget = req.budget            # seconds (autotune.inputs.seconds)
+    warm = load_warm_start(req.warm_start)
+    device, pool, cache, exp, plans = open_device(req, ["triton_moe"])
+    name = run_name(req, device)
+    with pool:
+        fp = plans[0]
+        if not fp.problems:          # before the storage is opened: nothing changes in it
+            raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
+        storage = open_storage_claimed(req, device, name, shared=True)
+        settings = triton_settings(req, budget, warm)
+        clock = Clock(pool)
+        for p in fp.problems:
+            with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
+                      desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
+                tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
+                                     study_device=name)
+                tuner.measure_baselines()
+                tuner.search()
+            print(f"{p.key}: {'complete' if tuner.complete() else 'stopped'}; this worker stored "
+                  f"{tuner.stored_trials} trial measurements ({tuner.measured_now} device measurements)")
+
+
+def export_shared(req) -> None:
+    """Select per M (top candidates re-measured on this device or replay) and write the files,
+    from a shared study. Refuses a study short of its trials unless --partial."""
+    from .study import Clock, ProblemTuner
+
+    if req.out is None:
+        req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
+    device, pool, cache, exp, plans = open_device(req, ["triton_moe"])
+    skus = sku_names(req, device)
+    name = run_name(req, device)
+    storage = outputs_then_storage(req, device, pool, plans, skus, name)
+    settings = triton_settings(req, None, load_warm_start(req.warm_start))
+    clock = Clock(pool)
+    with pool:
+        for p in plans[0].problems:
+            t0 = time.monotonic()
+            tuner = ProblemTuner(storage, p, plans[0].family, device, pool, settings, clock=clock,
+                                 study_device=name)
+            if not tuner.complete() and not req.partial:
+                done = sum(min(s.asked, settings.trials) for s in tuner.slots.values())
+                raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
+                                 f"trials); nothing exported (--partial exports it anyway)")
+            tuner.measure_baselines()
+            select_and_export(req, tuner, device, clock, t0, {})
+        overlay(req, device, plans[0].family)
