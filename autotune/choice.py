@@ -16,28 +16,21 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import optuna
 
 from . import records
-from .finalists import TUNED, Finalist, remeasure, score, winner
+from .finalists import TUNED, Choice, Finalist, remeasure, score, winner
 from .kernels.backend_family import LAYER
 from .measure import noise
 from .records import Measurement, config_key
+from .storage import Store, backend_study_name
 from .tasks import Task, run_tasks
 
-ATTR = "measurement"
 # Batch-size mixes for the one-backend-per-server choice: decode steps run few tokens, prefill
 # chunks many. Equal weight per M inside a mix.
 MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
-
-
-def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
-    # "|sieve": the params' value sets below are every declared backend (the same on every
-    # machine; the sieve's declarations added backends) and an integer tactic id; studies of older
-    # releases (other value sets, which Optuna refuses to mix) are left alone under their old names.
-    return f"{family}|{device_name}|{problem_key}|M={M}|sieve"
 
 
 def tactic_id(tactic) -> int:
@@ -47,18 +40,6 @@ def tactic_id(tactic) -> int:
     if isinstance(tactic, int):
         return tactic
     return 1_000_000 + zlib.crc32(json.dumps(tactic).encode()) % 1_000_000_000
-
-
-@dataclass
-class Choice:
-    M: int
-    config: dict
-    time_us: float
-    auto_us: float | None
-    candidates: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def pins_over_default(tactic: Measurement | None, default: Measurement | None) -> bool:
@@ -86,22 +67,16 @@ class BackendTuner:
         declared = tuple(sorted({a.backend.name for a in family.availability(device)} | set(self.names)))
         self.dists = {"backend": optuna.distributions.CategoricalDistribution(declared or ("none",)),
                       "tactic": optuna.distributions.IntDistribution(-1, 2_000_000_000)}
-        self.measured: dict = {M: {} for M in self.Ms}
-        self.careful: dict = {}
+        # The exhaustive strategy over the store: every backend (and tactic) at every M, no sampler.
+        self.store = Store(storage, {(LAYER, M): self.dists for M in self.Ms})
+        for M in self.Ms:
+            self.store.open((LAYER, M), backend_study_name(family.name, study_device or device.file_name, problem.key, M))
+            self.store.sync((LAYER, M))
+        self.studies = {M: self.store.studies[LAYER, M] for M in self.Ms}
+        self.measured = {M: self.store.measured[LAYER, M] for M in self.Ms}   # M -> config_key -> Measurement
+        self.careful = self.store.careful       # (LAYER, M, config_key) -> careful re-measurement
         self.unavailable: dict = {}     # (M, config key) -> measurement that could not import its code
         self.measured_now = 0
-        self.studies = {}
-        for M in self.Ms:
-            name = study_name(family.name, study_device or device.file_name, problem.key, M)
-            self.studies[M] = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
-            for t in self.studies[M].get_trials(deepcopy=False):
-                if t.state == optuna.trial.TrialState.COMPLETE and ATTR in t.user_attrs:
-                    m = Measurement.from_dict(t.user_attrs[ATTR])
-                    self.measured[M][config_key(m.config)] = m
-            for k, v in self.studies[M].user_attrs.items():
-                if k.startswith("careful:"):
-                    m = Measurement.from_dict(v)
-                    self.careful[LAYER, M, config_key(m.config)] = m
 
     # -- measuring ---------------------------------------------------------------------------------
     def configs(self) -> list[dict]:
@@ -189,11 +164,8 @@ class BackendTuner:
                 self.measured_now += 1
                 if self._set_aside(m):
                     continue
-                self.measured[m.M][config_key(m.config)] = m
-                self.studies[m.M].add_trial(optuna.trial.create_trial(
-                    params={"backend": m.config["backend"], "tactic": tactic_id(m.config.get("tactic", -1))},
-                    distributions=self.dists, value=m.time_us if m.ok else math.inf,
-                    user_attrs={ATTR: m.to_dict()}))
+                self.store.commit((LAYER, m.M), m, {"backend": m.config["backend"],
+                                                    "tactic": tactic_id(m.config.get("tactic", -1))})
             if self.progress is not None:
                 self.progress.update(1)
         run_tasks(self.pool, tasks, done)
@@ -279,8 +251,9 @@ class BackendTuner:
                 timed = [m for f in plan[M] if f.source == TUNED
                          and (m := self.careful.get((LAYER, M, config_key(f.configs[LAYER])))) is not None and m.ok]
                 best = min(timed, key=lambda m: m.time_us / (m.versus_us or d.time_us), default=None)
-                out[b][M] = (Choice(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates)
-                             if pins_over_default(best, d) else Choice(M, default, d.time_us, d.time_us, c.candidates))
+                out[b][M] = (Choice.layer(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates, "default")
+                             if pins_over_default(best, d) else
+                             Choice.layer(M, default, d.time_us, d.time_us, c.candidates, "default"))
         return out
 
     def _remeasure(self, plan: dict) -> None:
@@ -288,8 +261,7 @@ class BackendTuner:
             self.measured_now += 1
             if self._set_aside(m):
                 return
-            self.careful[LAYER, m.M, config_key(m.config)] = m
-            self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+            self.store.commit_careful((LAYER, m.M), m)
         def task(gemm, cfg, Ms):     # a tactic is re-timed beside its backend's default (measure.duel)
             versus = None if cfg.get("tactic", -1) == -1 else {"backend": cfg["backend"], "tactic": -1}
             return self._task(cfg, Ms, repeats=self.careful_repeats, versus=versus)
@@ -305,7 +277,7 @@ class BackendTuner:
             if win is None:
                 continue
             base = self.careful.get((LAYER, M, config_key(baseline_cfg)))
-            choices[M] = Choice(M, win.finalist.configs[LAYER], win.total_us,
+            choices[M] = Choice.layer(M, win.finalist.configs[LAYER], win.total_us,
                                 base.time_us if base and base.ok else None,
                                 [{"config": s.finalist.configs[LAYER], "time_us": s.total_us} for s in scored])
         return choices

@@ -186,10 +186,10 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
 def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tuned, tmp_path, capsys):
     from autotune import cli_backends
-    from autotune.choice import Choice
+    from autotune.finalists import Choice
 
     fam, tuner, _, _ = tuned
-    kept = {b: {M: Choice(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
+    kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
     cli_backends.write_tactic_files(SimpleNamespace(out=str(tmp_path)), device, fam, [tuner],
