@@ -24,7 +24,7 @@ from .kernels.backend_family import LAYER
 from .measure import noise
 from .records import Measurement, config_key
 from .storage import Store, backend_study_name
-from .server_choice import server_choice  # noqa: F401  (the CLI imports it from here)
+from .server_choice import MIXES, ServerChoice, server_choice  # noqa: F401  (imported from here by the CLI, export)
 from .tasks import Task, run_tasks
 
 def tactic_id(tactic) -> int:

@@ -186,7 +186,7 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
 def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tuned, tmp_path, capsys):
     from autotune import cli_backends
-    from autotune.finalists import Choice
+    from autotune.choice import Choice
 
     fam, tuner, _, _ = tuned
     kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}

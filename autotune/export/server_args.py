@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..server_choice import MIXES, ServerChoice
+from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
 from ..fsutil import json_with, write_atomic, write_json
 from ..backends import FAMILIES, FAMILY_FLAGS
