@@ -1,5 +1,5 @@
-"""Backend choice: per problem and M the fastest backend that is correct at every M, and per
-family the one backend a server should run (SGLang takes one per server).
+"""Backend choice: per problem and M the fastest backend that is correct at every M (the one backend
+per server is autotune.server_choice's, over these tuners).
 
 The spaces are small (a handful of backends), so every available backend is measured at every
 M of the problem in one task (one JIT build, one set of inputs). A backend whose output is
@@ -14,31 +14,18 @@ measured and checked at every M that offers it. A tactic wrong anywhere is disqu
 from __future__ import annotations
 
 import json
-import math
 import zlib
-from dataclasses import asdict, dataclass, field
 
 import optuna
 
 from . import records
-from .finalists import TUNED, Finalist, remeasure, score, winner
+from .finalists import TUNED, Choice, Finalist, remeasure, score, winner
 from .kernels.backend_family import LAYER
 from .measure import noise
 from .records import Measurement, config_key
+from .storage import Store, backend_study_name
+from .server_choice import MIXES, ServerChoice, server_choice  # noqa: F401  (imported from here by the CLI, export)
 from .tasks import Task, run_tasks
-
-ATTR = "measurement"
-# Batch-size mixes for the one-backend-per-server choice: decode steps run few tokens, prefill
-# chunks many. Equal weight per M inside a mix.
-MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
-
-
-def study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
-    # "|sieve": the params' value sets below are every declared backend (the same on every
-    # machine; the sieve's declarations added backends) and an integer tactic id; studies of older
-    # releases (other value sets, which Optuna refuses to mix) are left alone under their old names.
-    return f"{family}|{device_name}|{problem_key}|M={M}|sieve"
-
 
 def tactic_id(tactic) -> int:
     """A tactic as the study's integer parameter (Optuna parameters are scalars): FlashInfer's
@@ -47,18 +34,6 @@ def tactic_id(tactic) -> int:
     if isinstance(tactic, int):
         return tactic
     return 1_000_000 + zlib.crc32(json.dumps(tactic).encode()) % 1_000_000_000
-
-
-@dataclass
-class Choice:
-    M: int
-    config: dict
-    time_us: float
-    auto_us: float | None
-    candidates: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def pins_over_default(tactic: Measurement | None, default: Measurement | None) -> bool:
@@ -86,22 +61,16 @@ class BackendTuner:
         declared = tuple(sorted({a.backend.name for a in family.availability(device)} | set(self.names)))
         self.dists = {"backend": optuna.distributions.CategoricalDistribution(declared or ("none",)),
                       "tactic": optuna.distributions.IntDistribution(-1, 2_000_000_000)}
-        self.measured: dict = {M: {} for M in self.Ms}
-        self.careful: dict = {}
+        # The exhaustive strategy over the store: every backend (and tactic) at every M, no sampler.
+        self.store = Store(storage, {(LAYER, M): self.dists for M in self.Ms})
+        for M in self.Ms:
+            self.store.open((LAYER, M), backend_study_name(family.name, study_device or device.file_name, problem.key, M))
+            self.store.sync((LAYER, M))
+        self.studies = {M: self.store.studies[LAYER, M] for M in self.Ms}
+        self.measured = {M: self.store.measured[LAYER, M] for M in self.Ms}   # M -> config_key -> Measurement
+        self.careful = self.store.careful       # (LAYER, M, config_key) -> careful re-measurement
         self.unavailable: dict = {}     # (M, config key) -> measurement that could not import its code
         self.measured_now = 0
-        self.studies = {}
-        for M in self.Ms:
-            name = study_name(family.name, study_device or device.file_name, problem.key, M)
-            self.studies[M] = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
-            for t in self.studies[M].get_trials(deepcopy=False):
-                if t.state == optuna.trial.TrialState.COMPLETE and ATTR in t.user_attrs:
-                    m = Measurement.from_dict(t.user_attrs[ATTR])
-                    self.measured[M][config_key(m.config)] = m
-            for k, v in self.studies[M].user_attrs.items():
-                if k.startswith("careful:"):
-                    m = Measurement.from_dict(v)
-                    self.careful[LAYER, M, config_key(m.config)] = m
 
     # -- measuring ---------------------------------------------------------------------------------
     def configs(self) -> list[dict]:
@@ -189,11 +158,8 @@ class BackendTuner:
                 self.measured_now += 1
                 if self._set_aside(m):
                     continue
-                self.measured[m.M][config_key(m.config)] = m
-                self.studies[m.M].add_trial(optuna.trial.create_trial(
-                    params={"backend": m.config["backend"], "tactic": tactic_id(m.config.get("tactic", -1))},
-                    distributions=self.dists, value=m.time_us if m.ok else math.inf,
-                    user_attrs={ATTR: m.to_dict()}))
+                self.store.commit((LAYER, m.M), m, {"backend": m.config["backend"],
+                                                    "tactic": tactic_id(m.config.get("tactic", -1))})
             if self.progress is not None:
                 self.progress.update(1)
         run_tasks(self.pool, tasks, done)
@@ -279,8 +245,9 @@ class BackendTuner:
                 timed = [m for f in plan[M] if f.source == TUNED
                          and (m := self.careful.get((LAYER, M, config_key(f.configs[LAYER])))) is not None and m.ok]
                 best = min(timed, key=lambda m: m.time_us / (m.versus_us or d.time_us), default=None)
-                out[b][M] = (Choice(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates)
-                             if pins_over_default(best, d) else Choice(M, default, d.time_us, d.time_us, c.candidates))
+                out[b][M] = (Choice.layer(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates, "default")
+                             if pins_over_default(best, d) else
+                             Choice.layer(M, default, d.time_us, d.time_us, c.candidates, "default"))
         return out
 
     def _remeasure(self, plan: dict) -> None:
@@ -288,8 +255,7 @@ class BackendTuner:
             self.measured_now += 1
             if self._set_aside(m):
                 return
-            self.careful[LAYER, m.M, config_key(m.config)] = m
-            self.studies[m.M].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+            self.store.commit_careful((LAYER, m.M), m)
         def task(gemm, cfg, Ms):     # a tactic is re-timed beside its backend's default (measure.duel)
             versus = None if cfg.get("tactic", -1) == -1 else {"backend": cfg["backend"], "tactic": -1}
             return self._task(cfg, Ms, repeats=self.careful_repeats, versus=versus)
@@ -305,7 +271,7 @@ class BackendTuner:
             if win is None:
                 continue
             base = self.careful.get((LAYER, M, config_key(baseline_cfg)))
-            choices[M] = Choice(M, win.finalist.configs[LAYER], win.total_us,
+            choices[M] = Choice.layer(M, win.finalist.configs[LAYER], win.total_us,
                                 base.time_us if base and base.ok else None,
                                 [{"config": s.finalist.configs[LAYER], "time_us": s.total_us} for s in scored])
         return choices
@@ -340,104 +306,3 @@ class BackendTuner:
         cfg = {"backend": backend, "tactic": -1}
         m = self.careful.get((LAYER, M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
         return m.time_us if m is not None and m.ok else None
-
-
-@dataclass
-class ServerChoice:
-    family: str
-    mix: str
-    backend: str | None              # SGLang-selectable backend with the least total time
-    totals: dict                     # backend -> weighted total us (eligible backends)
-    auto: str | None
-    per_m_total: float | None        # if every (problem, M) could run its own winner
-    disqualified: dict               # backend -> "reason at M=..., problem ..."
-    skipped: dict                    # backend -> why it never ran here
-    mix_measured: bool = True        # False: no batch size of this mix was in the run
-    expected: dict = field(default_factory=dict)    # backend -> why its declarations expect it to fail here
-    values: dict = field(default_factory=dict)      # backend -> the flag value selecting it (None: none)
-
-    def _flag(self, b: str | None) -> str:
-        return (self.values.get(b) or b) if b else "-"
-
-    @property
-    def auto_line(self) -> str:
-        """SGLang's `auto` beside the pick, as one line: "auto -> flashinfer_trtllm: crash at M=1 on
-        ...: killed by SIGKILL | picked flashinfer_cutlass"."""
-        pick = f"picked {self._flag(self.backend)}" if self.backend else "picked none (no selectable backend ran correctly)"
-        if self.auto is None:
-            return f"auto -> a backend autotune does not measure | {pick}"
-        why = self.disqualified.get(self.auto) or (f"not run: {self.skipped[self.auto]}" if self.auto in self.skipped
-                                                   else None)
-        gain = f" ({self.gain_vs_auto:.3f}x over auto)" if self.gain_vs_auto and self.backend != self.auto else ""
-        return f"auto -> {self._flag(self.auto)}" + (f": {why}" if why else "") + f" | {pick}{gain}"
-
-    @property
-    def auto_fails(self) -> bool:
-        return self.auto is not None and self.auto in self.disqualified
-
-    def surprises(self) -> list[str]:
-        """Where the outcome is not what the declarations say: a backend expected to fail here that
-        ran correctly, or one expected to run that failed (a release changed, or a declaration is off)."""
-        out = [f"{b} ran correctly though its declaration expects it to fail here ({why})"
-               for b, why in sorted(self.expected.items()) if b in self.totals]
-        out += [f"{b} failed though nothing declared expects it to: {self.disqualified[b]}"
-                for b in sorted(self.disqualified) if b not in self.expected]
-        return out
-
-    @property
-    def summary(self) -> str:
-        return self.backend or ("none eligible" if self.mix_measured else "no batch size of it measured")
-
-    @property
-    def gain_vs_auto(self) -> float | None:
-        if self.backend is None or self.auto not in self.totals:
-            return None
-        return self.totals[self.auto] / self.totals[self.backend]
-
-    @property
-    def per_m_gain(self) -> float | None:
-        if self.backend is None or not self.per_m_total:
-            return None
-        return self.totals[self.backend] / self.per_m_total
-
-
-def server_choice(family, device, tuners: list[BackendTuner], mix: str = "decode") -> ServerChoice:
-    """The one backend per server: minimum of sum over problems (weighted by how often a forward
-    pass runs them) and the mix's M of the backend's time. Only backends SGLang can select, that
-    ran correctly on every problem at every M, are eligible."""
-    in_mix = MIXES[mix]
-    bad: dict = {}
-    for t in tuners:
-        for b, m in t.disqualified().items():
-            bad.setdefault(b, f"{m.status} at M={m.M} on {t.problem.key}: {m.reason}")
-    skipped = {a.backend.name: a.reason for a in family.availability(device) if not a.ok}
-    for t in tuners:
-        for b, why in t.skipped_here().items():
-            skipped.setdefault(b, why)
-    selectable = {a.backend.name for a in family.availability(device) if family.sglang_value(a.backend.name)}
-    names = set().union(*(t.names for t in tuners)) if tuners else set()
-    mix_measured = any(in_mix(M) for t in tuners for M in t.Ms)    # --batch-sizes 1,64: no prefill M
-    if not mix_measured:
-        names = set()
-    totals, per_m = {}, 0.0
-    for b in sorted(names - set(bad)):
-        total = 0.0
-        for t in tuners:
-            for M in (M for M in t.Ms if in_mix(M)):
-                x = t.time_of(b, M)
-                if x is None:
-                    total = math.inf
-                    break
-                total += getattr(t.problem, "layers", 1) * x
-        if math.isfinite(total):
-            totals[b] = total
-    for t in tuners:
-        for M in (M for M in t.Ms if in_mix(M)):
-            xs = [x for b in names - set(bad) if (x := t.time_of(b, M)) is not None]
-            per_m += getattr(t.problem, "layers", 1) * min(xs) if xs else 0.0
-    eligible = {b: v for b, v in totals.items() if b in selectable}
-    best = min(eligible, key=eligible.get) if eligible else None
-    plan = family.availability(device)
-    return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped,
-                        mix_measured, expected={a.backend.name: a.expected for a in plan if a.ok and a.expected},
-                        values={a.backend.name: family.sglang_value(a.backend.name) for a in plan})

@@ -27,7 +27,7 @@ def baseline_rows(choice) -> dict:
 def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = 3) -> dict:
     """M -> {"us": {pick, shipped, default}, "spread", "kept" | "switched_to" and "margin"} for every
     M whose default pair was re-measured; `choices` is changed in place where a baseline wins."""
-    from .select import Choice
+    from .finalists import Choice
 
     timer = timer or time_sides
     baselines = {M: baseline_rows(c) for M, c in choices.items()}
@@ -48,8 +48,8 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
                "spread": round(v["noise"], 4)}
         src = baselines[M][v["side"]]
         if v["slower"] and (src["gate_up"], src["down"]) != (c.gate_up, c.down):
-            choices[M] = Choice(M, src["gate_up"], src["down"], src["gate_up_us"], src["down_us"], src["source"],
-                                c.baseline_us, c.candidates)
+            choices[M] = Choice.pair(M, src["gate_up"], src["down"], src["gate_up_us"], src["down_us"], src["source"],
+                                     c.baseline_us, c.candidates)
             rec.update(switched_to=src["source"], margin=round(row["tuned µs"] / v["us"] - 1, 4))
         else:
             rec["kept"] = c.source

@@ -9,8 +9,10 @@ Ties go to the baseline: equal speed is no reason to ship a change. Re-measureme
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 
+from .kernels.backend_family import LAYER
 from .records import Measurement, config_key
 
 TUNED = "tuned"
@@ -66,3 +68,60 @@ def winner(scored: list[Scored]) -> Scored | None:
     """The fastest correct finalist; ties go to a baseline."""
     ok = [s for s in scored if s.total_us is not None]
     return min(ok, key=lambda s: (s.total_us, s.finalist.source == TUNED)) if ok else None
+
+
+@dataclass
+class Choice:
+    """Per M, what the winning finalist runs: its config and re-measured time per part (a Triton
+    family's GEMMs, or the backend family's one layer), its source, the baselines' re-measured
+    totals beside it and every finalist scored. Both families' files keep their own shape
+    (`to_dict`), so what was written before reads back the same."""
+    M: int
+    configs: dict                   # part -> config
+    times: dict                     # part -> re-measured us
+    source: str = TUNED             # "tuned", or the baseline that won ("default", "shipped", "auto")
+    baseline_us: dict = field(default_factory=dict)   # baseline name -> re-measured total (None if it failed)
+    candidates: list = field(default_factory=list)    # the finalists, scored
+
+    @classmethod
+    def pair(cls, M: int, gate_up: dict, down: dict, gate_up_us: float, down_us: float, source: str = TUNED,
+             baseline_us: dict | None = None, candidates: list | None = None) -> "Choice":
+        """A Triton MoE (gate_up, down) pair."""
+        return cls(M, {"gate_up": gate_up, "down": down}, {"gate_up": gate_up_us, "down": down_us}, source,
+                   dict(baseline_us or {}), list(candidates or []))
+
+    @classmethod
+    def layer(cls, M: int, config: dict, time_us: float, base_us: float | None, candidates: list | None = None,
+              base: str = "auto") -> "Choice":
+        """A backend (and tactic) for the whole layer, beside `base` (SGLang's auto, or the tactic -1)."""
+        return cls(M, {LAYER: config}, {LAYER: time_us}, TUNED, {base: base_us}, list(candidates or []))
+
+    @property
+    def total_us(self) -> float:
+        return sum(self.times.values())
+
+    # the pair's parts
+    gate_up = property(lambda self: self.configs["gate_up"])
+    down = property(lambda self: self.configs["down"])
+    gate_up_us = property(lambda self: self.times["gate_up"])
+    down_us = property(lambda self: self.times["down"])
+    # the layer's
+    config = property(lambda self: self.configs[LAYER])
+    time_us = property(lambda self: self.times[LAYER])
+    auto_us = property(lambda self: next(iter(self.baseline_us.values()), None))
+
+    def to_dict(self) -> dict:
+        if set(self.configs) == {LAYER}:
+            return {"M": self.M, "config": copy.deepcopy(self.config), "time_us": self.time_us, "auto_us": self.auto_us,
+                    "candidates": copy.deepcopy(self.candidates)}
+        return {"M": self.M, "gate_up": copy.deepcopy(self.gate_up), "down": copy.deepcopy(self.down),
+                "gate_up_us": self.gate_up_us, "down_us": self.down_us, "source": self.source,
+                "baseline_us": dict(self.baseline_us), "candidates": copy.deepcopy(self.candidates),
+                "total_us": self.total_us}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Choice":
+        if "config" in d:
+            return cls.layer(d["M"], d["config"], d["time_us"], d.get("auto_us"), d.get("candidates"))
+        return cls.pair(d["M"], d["gate_up"], d["down"], d["gate_up_us"], d["down_us"], d.get("source", TUNED),
+                        d.get("baseline_us"), d.get("candidates"))

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from .select import Choice
+from .finalists import Choice
 
 
 def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]) -> pd.DataFrame:

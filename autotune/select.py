@@ -9,37 +9,10 @@ than them as measured.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-from .finalists import TUNED, Finalist, remeasure, score, winner
+from .finalists import TUNED, Choice, Finalist, remeasure, score, winner
 from .records import Measurement
 
 BASELINES = ("default", "shipped")
-
-
-@dataclass
-class Choice:
-    M: int
-    gate_up: dict
-    down: dict
-    gate_up_us: float
-    down_us: float
-    source: str                     # "tuned", "default" or "shipped"
-    baseline_us: dict = field(default_factory=dict)   # name -> re-measured total (None if it failed)
-    candidates: list = field(default_factory=list)    # [{gate_up, down, total_us, source}]
-
-    @property
-    def total_us(self) -> float:
-        return self.gate_up_us + self.down_us
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["total_us"] = self.total_us
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Choice":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 def candidate_pairs(gate_up: list[Measurement], down: list[Measurement], top: int, per_side: int = 2) -> list[tuple]:
@@ -83,6 +56,6 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
         rows = [{"source": s.finalist.source, "gate_up": s.finalist.configs["gate_up"],
                  "down": s.finalist.configs["down"], "total_us": s.total_us,
                  "gate_up_us": s.times["gate_up"], "down_us": s.times["down"]} for s in scored]
-        choices[M] = Choice(M, win.finalist.configs["gate_up"], win.finalist.configs["down"], win.times["gate_up"],
-                            win.times["down"], win.finalist.source, baseline_us, rows)
+        choices[M] = Choice.pair(M, win.finalist.configs["gate_up"], win.finalist.configs["down"], win.times["gate_up"],
+                                 win.times["down"], win.finalist.source, baseline_us, rows)
     return choices

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import random
+import threading
 import time
 from pathlib import Path
 
 import optuna
+
+from .records import INVALID, Measurement, config_key
 
 ATTR = "measurement"          # the trial attribute holding its Measurement (records.Measurement.to_dict)
 
@@ -127,3 +131,187 @@ def claim(storage, run: str, device) -> None:
         cause = e.__cause__ or e.__context__ or e
         raise _unwritable(str(getattr(storage, "url", "")),
                           str(cause).splitlines()[0] if str(cause) else type(cause).__name__) from None
+
+
+# -- the store: what both tuners keep in the storage, kept apart from how they search -------------
+# (TVM MetaSchedule's Database: commit a measurement, ask for the best; the search loops only decide
+# what to measure.) Keys are (part, M): part is a GEMM of a Triton-config family or the whole layer.
+
+def config_study_name(family: str, device_name: str, problem_key: str, gemm: str, M: int) -> str:
+    """A Triton-config family's study: one per (problem, GEMM, M)."""
+    return f"{family}|{device_name}|{problem_key}|{gemm}|M={M}"
+
+
+def backend_study_name(family: str, device_name: str, problem_key: str, M: int) -> str:
+    # "|sieve": the params' value sets are every declared backend (the same on every machine; the
+    # sieve's declarations added backends) and an integer tactic id; studies of older releases (other
+    # value sets, which Optuna refuses to mix) are left alone under their old names.
+    return f"{family}|{device_name}|{problem_key}|M={M}|sieve"
+
+
+class Store:
+    """One problem's studies and the index of what they hold: every measurement by (part, M) and
+    config key, the careful re-measurements, the baselines. Rebuilt from the storage (so a resumed
+    run re-measures nothing) and written through (so an interrupted one loses nothing)."""
+
+    def __init__(self, storage, dists: dict):
+        self.storage, self.dists = storage, dists        # dists: (part, M) -> the trials' distributions
+        # Shared storages (heartbeats on) have other processes' trials RUNNING legitimately.
+        self.shared = bool(getattr(storage, "heartbeat_interval", None))
+        self.studies: dict = {}
+        self.measured: dict = {key: {} for key in dists}   # (part, M) -> config_key -> Measurement
+        self.careful: dict = {}      # (part, M, config_key) -> careful re-measurement (selection)
+        self.indexed: dict = {key: set() for key in dists}  # trial numbers already read
+        self.running: dict = {}      # trial_id -> study: ours, given heartbeats while measured
+        self._adopted: set = set()   # other processes' trial ids given a heartbeat (see adopt)
+
+    def open(self, key, name: str):
+        """The study of (part, M), created on first use."""
+        self.studies[key] = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
+                                                load_if_exists=True)
+        return self.studies[key]
+
+    # -- reading ---------------------------------------------------------------------------------
+    def sync(self, key, resume: bool = False) -> tuple[list, set, int]:
+        """Index the study's trials not read yet (other processes add some while we run); returns
+        the study's trials, the numbers of those re-queued here (an interrupted run's) and how many
+        newly read ones were measured asks."""
+        study, indexed = self.studies[key], self.indexed[key]
+        if self.shared:
+            # A dead process's trial holds a place in the budget until it is failed and re-queued;
+            # done when reading, not only when asking, so a study it filled does not stay short.
+            fail_dead_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        requeued: set = set()
+        newly_asked = 0
+        for t in trials:
+            running = t.state == optuna.trial.TrialState.RUNNING
+            if running and self.shared and "shared_from" not in t.user_attrs:
+                self.adopt(t)
+            if t.number in indexed:
+                continue
+            if running:
+                if resume and not self.shared:
+                    # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
+                    # Ask its parameters again first, so the resumed run follows the same path.
+                    requeue(study, t, "interrupted (the run was stopped); asked again on resume", self.dists[key])
+                    indexed.add(t.number)
+                    requeued.add(t.number)
+                continue
+            indexed.add(t.number)
+            if t.state != optuna.trial.TrialState.COMPLETE or ATTR not in t.user_attrs:
+                continue
+            m = Measurement.from_dict(t.user_attrs[ATTR])
+            self.measured[key].setdefault(config_key(m.config), m)
+            if t.user_attrs.get("asked") and m.status != INVALID:
+                newly_asked += 1
+        for name, value in study.user_attrs.items():
+            if name.startswith("baseline:"):
+                m = Measurement.from_dict(value)
+                self.measured[key].setdefault(config_key(m.config), m)
+            elif name.startswith("careful:"):
+                m = Measurement.from_dict(value)
+                self.careful.setdefault((*key, config_key(m.config)), m)
+        return trials, requeued, newly_asked
+
+    def known(self, key, config: dict):
+        return self.measured[key].get(config_key(config))
+
+    def top(self, key, k: int | None = None, keep=None) -> list:
+        """The ok measurements of (part, M), fastest first (ties in storage order); `keep` filters."""
+        oks = [m for m in self.measured[key].values() if m.ok and (keep is None or keep(m))]
+        return sorted(oks, key=lambda m: m.time_us)[:k]
+
+    # -- committing ------------------------------------------------------------------------------
+    def commit(self, key, m, params: dict, attrs: dict | None = None) -> None:
+        """A measurement as a completed trial of its own (a neighbour's, a backend's)."""
+        self.measured[key][config_key(m.config)] = m
+        self.studies[key].add_trial(optuna.trial.create_trial(
+            params=params, distributions=self.dists[key], value=m.time_us if m.ok else math.inf,
+            user_attrs={ATTR: m.to_dict(), **(attrs or {})}))
+
+    def commit_told(self, key, trial, m) -> bool:
+        """An asked trial's measurement, told. False: another process declared the trial dead
+        (missed heartbeats) and re-queued it meanwhile; the caller keeps the measurement apart."""
+        self.measured[key][config_key(m.config)] = m
+        trial.set_user_attr(ATTR, m.to_dict())
+        trial.set_user_attr("asked", True)
+        try:
+            self.studies[key].tell(trial, m.time_us if m.ok else math.inf)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            return False
+        self.indexed[key].add(trial.number)
+        return True
+
+    def commit_baseline(self, key, m, name: str) -> None:
+        self.measured[key][config_key(m.config)] = m
+        self.studies[key].set_user_attr(f"baseline:{name}", m.to_dict())
+
+    def commit_careful(self, key, m) -> None:
+        self.careful[(*key, config_key(m.config))] = m
+        self.studies[key].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+
+    # -- liveness: heartbeats, dead trials, stops ------------------------------------------------
+    def adopt(self, t) -> None:
+        """A process killed between asking a trial and its first heartbeat leaves it RUNNING with
+        no heartbeat, which Optuna never declares stale. Give each other process's trial older
+        than the grace period one heartbeat: a live one is unaffected (it beats anyway), a dead
+        one turns stale one grace period later and is failed and re-queued like any other."""
+        if t._trial_id in self.running or t._trial_id in self._adopted or t.datetime_start is None:
+            return
+        if (datetime.datetime.now() - t.datetime_start).total_seconds() > self.storage.grace_period:
+            self._adopted.add(t._trial_id)
+            self.storage.record_heartbeat(t._trial_id)
+
+    def measuring(self, key, trial) -> None:
+        self.running[trial._trial_id] = self.studies[key]
+        if self.shared:
+            # The first heartbeat now: a trial never heartbeated is never declared stale.
+            self.storage.record_heartbeat(trial._trial_id)
+
+    @contextlib.contextmanager
+    def heartbeats(self):
+        """While this process measures a shared study's trials, tell the storage it is alive."""
+        if not self.shared:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(self.storage.heartbeat_interval / 2):
+                for trial_id in list(self.running):
+                    try:
+                        self.storage.record_heartbeat(trial_id)
+                    except Exception:
+                        pass
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def requeue_running(self, why: str) -> None:
+        """The trials being asked or measured when the run was stopped: failed with the reason and
+        their parameters queued, so the resumed run (or another worker, at once) asks them first.
+        A shared study's RUNNING trials of other processes are theirs, not ours."""
+        for key, study in self.studies.items():
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if "shared_from" in t.user_attrs or (self.shared and t._trial_id not in self.running):
+                    continue
+                try:
+                    requeue(study, t, why, self.dists[key])
+                except Exception:      # told meanwhile, or the storage is gone: resume copes
+                    pass
+
+    def close_queue(self, key) -> None:
+        """A shared study whose budget is met: trials queued for the next ask (a dead worker's
+        retry) that nobody needs end as FAIL with that reason."""
+        study = self.studies[key]
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study._study_id, t.number)
+            # Claim it first (WAITING -> RUNNING is atomic; False if another worker took it).
+            if self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.RUNNING):
+                fail_reason(study, t.number, "queued but not needed: the study's budget was met")
+                self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)

@@ -1,4 +1,7 @@
-"""Optuna glue: one study per (problem, GEMM, M), run together.
+"""The search loop of a Triton-config family: one study per (problem, GEMM, M), run together. What the
+studies hold is the store's (autotune.storage.Store); what each ask must take beside TPE's draw is
+the policy's (autotune.policy); this module decides which study asks next and where its config is
+measured.
 
 Why this shape (argued in docs/DESIGN.md):
 - Compilation costs 30-100x one timing, and a compiled config can be timed at any M. So an
@@ -7,8 +10,8 @@ Why this shape (argued in docs/DESIGN.md):
   exploration, and the optimum, which moves smoothly with M, is found with fewer compiles.
 - The two GEMMs are searched apart (a `_down` config may differ, and may use TMA), but SGLang
   runs both on one alignment, so they must share BLOCK_SIZE_M. Every third ask of a study
-  pins BLOCK_SIZE_M to the other GEMM's current best, so both sides know the tiles the joint
-  choice needs; `select` then picks per M the pair minimising gate_up + down.
+  pins BLOCK_SIZE_M to the other GEMM's current best (autotune.policy), so both sides know the
+  tiles the joint choice needs; `select` then picks per M the pair minimising gate_up + down.
 - Each study is seeded with SGLang's default config and its shipped config (measured once as
   baselines), so the result can only improve on them.
 - Rejected configs (shared memory, kernel rules) and failures are told as +inf, as Triton's
@@ -16,11 +19,7 @@ Why this shape (argued in docs/DESIGN.md):
 """
 from __future__ import annotations
 
-import contextlib
-import datetime
 import math
-import random
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ import optuna
 
 from . import records
 from .records import Measurement, config_key
-from .storage import ATTR, fail_dead_trials, fail_reason, requeue
+from .policy import SearchPolicy, trailing_duplicates
+from .storage import ATTR, Store, config_study_name, fail_reason
 from .tasks import Task, run_tasks
 from .warm_start import fit
 
@@ -51,26 +51,6 @@ class TuneSettings:
     warm_start: object = None        # autotune.warm_start.WarmStart: another study's best configs first
 
 
-def study_name(family: str, device_name: str, problem_key: str, gemm: str, M: int) -> str:
-    return f"{family}|{device_name}|{problem_key}|{gemm}|M={M}"
-
-
-def _trailing_duplicates(trials) -> int:
-    """Re-proposals of known configs told since the study's last measured ask, counted from the
-    storage so a resumed run moves on to a fresh config exactly when an uninterrupted one would.
-    A told re-proposal is the study's only own COMPLETE trial without a measurement attached
-    (a rejected config carries its `invalid` record, a measured one its measurement)."""
-    n = 0
-    for t in reversed(trials):
-        if t.state != optuna.trial.TrialState.COMPLETE or "shared_from" in t.user_attrs:
-            continue
-        if t.user_attrs.get("asked"):
-            break
-        if ATTR not in t.user_attrs:
-            n += 1
-    return n
-
-
 def distributions(space) -> dict:
     return {n: optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in space.params.items()}
 
@@ -88,7 +68,6 @@ class Slot:
     running_all: int = 0     # asked trials RUNNING in the storage, any process (shared studies)
     dups: int = 0            # re-proposed known configs since the last measured ask (from storage)
     exhausted: bool = False
-    indexed: set = field(default_factory=set)   # trial numbers already read
 
 
 @dataclass
@@ -113,27 +92,24 @@ class ProblemTuner:
         self.Ms = list(problem.batch_sizes)
         self.spaces = {g: family.space(problem, g, device) for g in family.gemms}
         self.dists = {g: distributions(s) for g, s in self.spaces.items()}
-        # (gemm, M) -> config_key -> Measurement ; in-flight keys are held apart
-        self.measured: dict = {(g, M): {} for g in family.gemms for M in self.Ms}
-        self.pending: set = set()
+        self.store = Store(storage, {(g, M): self.dists[g] for g in family.gemms for M in self.Ms})
+        self.measured = self.store.measured     # (gemm, M) -> config_key -> Measurement
+        self.careful = self.store.careful       # (gemm, M, config_key) -> careful re-measurement
+        self.pending: set = set()    # (gemm, M, config_key) in flight, held apart from the index
         self.baselines: dict = {}    # M -> {"default": {gemm: config}, "shipped": ...}
-        self.careful: dict = {}      # (gemm, M, config_key) -> careful re-measurement (selection)
         self.failed = 0
         self.warm_queued = 0         # warm-start configs queued by this invocation
         self.measured_now = 0        # device measurements made by this invocation
         self.stored_trials = 0       # measurements this process stored as trials (asked or shared)
         self.storage = storage
-        # Shared storages (heartbeats on) have other processes' trials RUNNING legitimately.
-        self.shared = bool(getattr(storage, "heartbeat_interval", None))
-        self._running: dict = {}     # trial_id -> study, for heartbeats
-        self._adopted: set = set()   # other processes' trial ids given a heartbeat (see _sync)
+        self.shared = self.store.shared
+        self.policy = SearchPolicy(self)
         self._last_sync = 0.0
         self.slots: dict = {}
         for g in family.gemms:
             for M in self.Ms:
-                name = study_name(family.name, study_device or device.file_name, problem.key, g, M)
-                study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
-                                            load_if_exists=True)
+                name = config_study_name(family.name, study_device or device.file_name, problem.key, g, M)
+                study = self.store.open((g, M), name)
                 self.slots[g, M] = Slot(g, M, study)
                 if "ladders" not in study.user_attrs:
                     # Params are ladder positions (the sampler then sees 64 as next to 32 and 128);
@@ -141,64 +117,17 @@ class ProblemTuner:
                     study.set_user_attr("ladders", {k: list(v) for k, v in self.spaces[g].params.items()})
                 self._sync(self.slots[g, M], resume=True)
 
-    # -- the measurement index, rebuilt from storage so a resumed run re-measures nothing --------
     def _sync(self, slot: Slot, resume: bool = False) -> None:
-        """Read the study's trials not read yet (other processes add some while we run)."""
-        if self.shared:
-            # A dead process's trial holds a place in the budget until it is failed and re-queued;
-            # done here, not only when asking, so a study it filled does not stay short forever.
-            fail_dead_trials(slot.study)
-        trials = slot.study.get_trials(deepcopy=False)
-        asks = running = 0
-        for t in trials:
-            # Asked trials only: a queued (WAITING) one is not asked yet, and counting it would
-            # seed a resumed run's sampler differently from the uninterrupted run's.
-            if "shared_from" not in t.user_attrs and t.state in (optuna.trial.TrialState.COMPLETE,
-                                                                 optuna.trial.TrialState.RUNNING):
-                asks += 1
-            if t.state == optuna.trial.TrialState.RUNNING and "shared_from" not in t.user_attrs:
-                running += 1
-                if self.shared:
-                    self._adopt(t)
-            if t.number in slot.indexed:
-                continue
-            if t.state == optuna.trial.TrialState.RUNNING:
-                if resume and not self.shared:
-                    # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
-                    # Ask its parameters again first, so the resumed run follows the same path.
-                    requeue(slot.study, t, "interrupted (the run was stopped); asked again on resume",
-                             self.dists[slot.gemm])
-                    slot.indexed.add(t.number)
-                    asks -= 1
-                continue
-            slot.indexed.add(t.number)
-            if t.state != optuna.trial.TrialState.COMPLETE or ATTR not in t.user_attrs:
-                continue
-            m = Measurement.from_dict(t.user_attrs[ATTR])
-            self.measured[slot.gemm, slot.M].setdefault(config_key(m.config), m)
-            if t.user_attrs.get("asked") and m.status != records.INVALID:
-                slot.asked += 1
-        slot.asks = asks
-        slot.dups = _trailing_duplicates(trials)
-        slot.running_all = running
-        for name, value in slot.study.user_attrs.items():
-            if name.startswith("baseline:"):
-                m = Measurement.from_dict(value)
-                self.measured[slot.gemm, slot.M].setdefault(config_key(m.config), m)
-            elif name.startswith("careful:"):
-                m = Measurement.from_dict(value)
-                self.careful.setdefault((slot.gemm, slot.M, config_key(m.config)), m)
-
-    def _adopt(self, t) -> None:
-        """A process killed between asking a trial and its first heartbeat leaves it RUNNING with
-        no heartbeat, which Optuna never declares stale. Give each other process's trial older
-        than the grace period one heartbeat: a live one is unaffected (it beats anyway), a dead
-        one turns stale one grace period later and is failed and re-queued like any other."""
-        if t._trial_id in self._running or t._trial_id in self._adopted or t.datetime_start is None:
-            return
-        if (datetime.datetime.now() - t.datetime_start).total_seconds() > self.storage.grace_period:
-            self._adopted.add(t._trial_id)
-            self.storage.record_heartbeat(t._trial_id)
+        """The study's counts for the search, from the storage (the store indexes what is new)."""
+        trials, requeued, newly_asked = self.store.sync((slot.gemm, slot.M), resume)
+        slot.asked += newly_asked
+        # Asked trials only: a queued (WAITING) one is not asked yet, and counting it would seed a
+        # resumed run's sampler differently from the uninterrupted run's.
+        own = [t for t in trials if "shared_from" not in t.user_attrs and t.number not in requeued]
+        slot.asks = sum(1 for t in own if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING))
+        slot.running_all = sum(1 for t in trials if "shared_from" not in t.user_attrs
+                               and t.state == optuna.trial.TrialState.RUNNING)
+        slot.dups = trailing_duplicates(trials)
 
     def _sync_all(self, every_s: float = 1.0) -> None:
         if self.shared and time.monotonic() - self._last_sync > every_s:
@@ -206,22 +135,17 @@ class ProblemTuner:
                 self._sync(slot)
             self._last_sync = time.monotonic()
 
-    def _seed(self, slot: Slot, salt: str = "") -> int:
+    def seed_of(self, slot: Slot, salt: str = "") -> int:
+        """A seed from the study's state: what the sampler proposes depends on the trials in the
+        storage only, not on how long this process has been running."""
         return zlib.crc32(f"{self.settings.seed}/{slot.gemm}/{slot.M}/{slot.asks}/{salt}".encode()) % 2**31
-
-    def _sampler(self, slot: Slot):
-        """A fresh TPE sampler seeded by the study's state: what it proposes depends on the
-        trials in the storage only, not on how long this process has been running."""
-        return optuna.samplers.TPESampler(seed=self._seed(slot), multivariate=True, constant_liar=True,
-                                          n_startup_trials=self.settings.startup)
 
     def store_careful(self, gemm: str, m: Measurement) -> None:
         self.measured_now += 1
-        self.careful[gemm, m.M, config_key(m.config)] = m
-        self.slots[gemm, m.M].study.set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+        self.store.commit_careful((gemm, m.M), m)
 
     def known(self, gemm: str, M: int, config: dict) -> Measurement | None:
-        return self.measured[gemm, M].get(config_key(config))
+        return self.store.known((gemm, M), config)
 
     def ok_measurements(self, gemm: str, M: int) -> list[Measurement]:
         """Measured configs that may be written now: a study measured for other SGLang targets (a
@@ -264,56 +188,18 @@ class ProblemTuner:
 
     def _store_baseline(self, gemm: str, m: Measurement, name: str) -> None:
         self.measured_now += 1
-        slot = self.slots[gemm, m.M]
-        self.measured[gemm, m.M][config_key(m.config)] = m
-        slot.study.set_user_attr(f"baseline:{name}", m.to_dict())
+        self.store.commit_baseline((gemm, m.M), m, name)
         if not m.ok:
             self.failed += 1
 
     # -- search -------------------------------------------------------------------------------------
     def search(self) -> None:
         try:
-            with self._heartbeats():
+            with self.store.heartbeats():
                 self._search()
         except KeyboardInterrupt:     # SIGINT, or SIGTERM (docker stop) turned into one by the CLI
-            self._requeue_running("interrupted (the run was stopped); re-queued")
+            self.store.requeue_running("interrupted (the run was stopped); re-queued")
             raise
-
-    def _requeue_running(self, why: str) -> None:
-        """The trials being asked or measured when the run was stopped: failed with the reason and
-        their parameters queued, so the resumed run (or another worker, at once) asks them first.
-        A shared study's RUNNING trials of other processes are theirs, not ours."""
-        for slot in self.slots.values():
-            for t in slot.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                if "shared_from" in t.user_attrs or (self.shared and t._trial_id not in self._running):
-                    continue
-                try:
-                    requeue(slot.study, t, why, self.dists[slot.gemm])
-                except Exception:      # told meanwhile, or the storage is gone: resume copes
-                    pass
-
-    @contextlib.contextmanager
-    def _heartbeats(self):
-        """While this process measures a shared study's trials, tell the storage it is alive."""
-        if not self.shared:
-            yield
-            return
-        stop = threading.Event()
-
-        def beat():
-            while not stop.wait(self.storage.heartbeat_interval / 2):
-                for trial_id in list(self._running):
-                    try:
-                        self.storage.record_heartbeat(trial_id)
-                    except Exception:
-                        pass
-        thread = threading.Thread(target=beat, daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
 
     def _search(self) -> None:
         self._seed_studies()
@@ -345,10 +231,7 @@ class ProblemTuner:
                 for M in Ms:
                     self.pending.add((slot.gemm, M, config_key(config)))
                 slot.inflight += 1
-                self._running[trial._trial_id] = slot.study
-                if self.shared:
-                    # The first heartbeat now: a trial never heartbeated is never declared stale.
-                    self.storage.record_heartbeat(trial._trial_id)
+                self.store.measuring((slot.gemm, slot.M), trial)
                 self.pool.submit(self._task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
                 live = [sl for sl in order if self._open(sl)]
             for task, ms in self.pool.poll(timeout=0.2):
@@ -361,18 +244,12 @@ class ProblemTuner:
             self._close_queues()
 
     def _close_queues(self) -> None:
-        """Shared studies: trials queued for the next ask (coupling, polish, a dead worker's
-        retry) that nobody needs once the budget is met end as FAIL with that reason."""
+        """Shared studies: trials queued for the next ask (a dead worker's retry) that nobody
+        needs once the budget is met end as FAIL with that reason."""
         for slot in self.slots.values():
             self._sync(slot)
-            if self._open(slot):
-                continue
-            for t in slot.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-                trial_id = self.storage.get_trial_id_from_study_id_trial_number(slot.study._study_id, t.number)
-                # Claim it first (WAITING -> RUNNING is atomic; False if another worker took it).
-                if self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.RUNNING):
-                    fail_reason(slot.study, t.number, "queued but not needed: the study's budget was met")
-                    self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+            if not self._open(slot):
+                self.store.close_queue((slot.gemm, slot.M))
 
     def _open(self, slot: Slot) -> bool:
         """Does this study still need asks? Shared: other processes' running trials count too."""
@@ -437,9 +314,10 @@ class ProblemTuner:
             self._sync(slot)          # fails and re-queues a dead process's trial first
         while slot.asks_here < 50 * self.settings.trials + 200:
             slot.asks_here += 1
-            if not self._queue_next(slot):
+            sampler = self.policy.sampler(slot, self.seed_of(slot), self.settings.startup)
+            if sampler is None:
                 return None
-            study.sampler = self._sampler(slot)
+            study.sampler = sampler
             slot.asks += 1
             trial = study.ask(dists)
             config = space.config_at(trial.params)
@@ -466,58 +344,6 @@ class ProblemTuner:
             return trial, config
         return None
 
-    def _queue_next(self, slot: Slot) -> bool:
-        """Queue what the next ask must be, if anything (False: the space is used up).
-        Nothing is queued on top of a queued trial (an interrupted trial re-asked on resume, a
-        dead process's re-queued trial): the queue is popped first and the path must not fork."""
-        space, study = self.spaces[slot.gemm], slot.study
-        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-            return True
-        partner = [g for g in self.family.gemms if g != slot.gemm]
-        if partner and slot.asked >= self.settings.startup and slot.asks % 3 == 2:
-            pb = self.best(partner[0], slot.M)
-            if pb is not None and pb.config.get("BLOCK_SIZE_M") in space.params["BLOCK_SIZE_M"]:
-                study.enqueue_trial({"BLOCK_SIZE_M": space.params["BLOCK_SIZE_M"].index(pb.config["BLOCK_SIZE_M"])})
-                return True
-        polishing = (slot.asked >= self.settings.trials * (1 - self.settings.polish)
-                     and self.ok_measurements(slot.gemm, slot.M))
-        if polishing or slot.dups >= 4:
-            # Polish: the optima are narrow (on the H200 at M=1 three of 2570 gate_up configs lie
-            # within 2% of the best), so finish with coordinate moves around the top configs.
-            # Four re-proposals in a row: the sampler is stuck, move it on the same way.
-            fresh = self._fresh_config(slot)
-            if fresh is not None:
-                study.enqueue_trial(space.indices_of(fresh))
-                slot.dups = 0
-            elif slot.dups >= 4:
-                return False
-        return True
-
-    def _fresh_config(self, slot: Slot) -> dict | None:
-        """An unmeasured valid config: a one-step neighbour of a top config, else any."""
-        space = self.spaces[slot.gemm]
-        seen = self.measured[slot.gemm, slot.M]
-        valid = lambda c: (config_key(c) not in seen and (slot.gemm, slot.M, config_key(c)) not in self.pending  # noqa: E731
-                           and self.family.check(c, self.problem, slot.gemm, self.device) is None)
-        tops = sorted(self.ok_measurements(slot.gemm, slot.M), key=lambda m: m.time_us)[:3]
-        near = []
-        for m in tops:
-            idx = space.indices_of(m.config)
-            if idx is None:
-                continue
-            for name, ladder in space.params.items():
-                for step in (-1, 1):
-                    j = idx[name] + step
-                    if 0 <= j < len(ladder):
-                        c = space.config_at({**idx, name: j})
-                        if valid(c):
-                            near.append(c)
-        rng = random.Random(self._seed(slot, "fresh"))
-        if near:
-            return rng.choice(near)
-        rest = [c for c in space.configs() if valid(c)]
-        return rng.choice(rest) if rest else None
-
     def _told(self, task: Task, ms: list[Measurement]) -> None:
         kind, slot, trial = task.tag
         slot.inflight -= 1
@@ -526,25 +352,18 @@ class ProblemTuner:
         for m in sorted(ms, key=lambda m: m.M == slot.M):
             self.pending.discard((task.gemm, m.M, config_key(task.config)))
             self.measured_now += 1
-            value = m.time_us if m.ok else math.inf
             if not m.ok:
                 self.failed += 1
-            self.measured[task.gemm, m.M][config_key(m.config)] = m
             self.stored_trials += 1
-            if m.M == slot.M:
-                trial.set_user_attr(ATTR, m.to_dict())
-                trial.set_user_attr("asked", True)
-                try:
-                    slot.study.tell(trial, value)
-                    slot.asked += 1
-                    slot.indexed.add(trial.number)
-                except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
-                    # Another process declared this trial dead (missed heartbeats) and re-queued
-                    # it; the measurement is kept as its own trial, the re-queued copy will find it.
-                    self._add(slot, m, {"late_for": trial.number})
-            else:
+            if m.M != slot.M:
                 self._add(self.slots[task.gemm, m.M], m, {"shared_from": slot.M})
-        self._running.pop(trial._trial_id, None)     # after the tell: a stop before it re-queues the trial
+            elif self.store.commit_told((slot.gemm, slot.M), trial, m):
+                slot.asked += 1
+            else:
+                # Another process declared this trial dead (missed heartbeats) and re-queued it;
+                # the measurement is kept as its own trial, the re-queued copy will find it.
+                self._add(slot, m, {"late_for": trial.number})
+        self.store.running.pop(trial._trial_id, None)     # after the tell: a stop before it re-queues the trial
         if self.progress is not None:
             self.progress.update(1)
             b = self.best(slot.gemm, slot.M)
@@ -553,10 +372,8 @@ class ProblemTuner:
 
     def _add(self, slot: Slot, m: Measurement, attrs: dict) -> None:
         idx = self.spaces[slot.gemm].indices_of(m.config)
-        slot.study.add_trial(optuna.trial.create_trial(
-            params=idx, distributions=self.dists[slot.gemm], value=m.time_us if m.ok else math.inf,
-            user_attrs={ATTR: m.to_dict(), "config": self.spaces[slot.gemm].config_at(idx),
-                        "shared_from": attrs.get("shared_from", slot.M), **attrs}))
+        self.store.commit((slot.gemm, slot.M), m, idx, {"config": self.spaces[slot.gemm].config_at(idx),
+                                                      "shared_from": attrs.get("shared_from", slot.M), **attrs})
 
     def complete(self) -> bool:
         """Every study reached its trial budget (or ran out of configs)."""

@@ -5,7 +5,8 @@ import argparse
 import optuna
 import pytest
 
-from autotune.choice import BackendTuner, server_choice
+from autotune.choice import BackendTuner
+from autotune.server_choice import server_choice
 from autotune.device import DeviceInfo
 from autotune.export import server_args
 from autotune.models import Problem

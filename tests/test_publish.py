@@ -8,7 +8,7 @@ from autotune.cli import main
 from autotune.device import DeviceInfo
 from autotune.export.sglang import export_problem
 from autotune.models import Problem
-from autotune.select import Choice
+from autotune.finalists import Choice
 
 DEV = DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376,
                  versions={"triton": "3.6.0", "sglang": "0.5.23", "torch": "2.11.0"})
@@ -24,7 +24,7 @@ def git(repo, *args):
 
 def tuned(tmp_path, name, times, cfg=A, gate=True):
     out = tmp_path / name
-    choices = {M: Choice(M, cfg, cfg, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
+    choices = {M: Choice.pair(M, cfg, cfg, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
     export_problem(out, DEV, P, choices, {})
     if gate is not None:
         # the gate record `autotune validate --gate` writes (autotune.validate.gate.GateResult.to_dict)

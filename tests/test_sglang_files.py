@@ -8,7 +8,7 @@ from autotune.export.sglang import config_dir, export_problem
 from autotune.kernels.sglang_loader import sglang_file_name, sglang_selection
 from autotune.kernels.triton_moe import TritonMoe
 from autotune.models import Problem
-from autotune.select import Choice
+from autotune.finalists import Choice
 
 UP = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
 DOWN = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3,
@@ -17,7 +17,7 @@ BIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE
 
 
 def _choice(M, up, down, t=10.0):
-    return Choice(M, up, down, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None})
+    return Choice.pair(M, up, down, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None})
 
 
 @pytest.fixture

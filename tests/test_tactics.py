@@ -187,7 +187,7 @@ def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tun
     from autotune.choice import Choice
 
     fam, tuner, _, _ = tuned
-    kept = {b: {M: Choice(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
+    kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
     run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],

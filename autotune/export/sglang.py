@@ -17,7 +17,7 @@ from ..device import DeviceInfo, utc_now
 from ..fsutil import claim, read_json, sha256, write_json
 from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
-from ..select import Choice
+from ..finalists import Choice
 from ..sglang_versions import config_problem, valid_releases
 from .provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
