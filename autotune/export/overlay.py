@@ -88,10 +88,12 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
 
 
 def _shown(src_root: Path) -> str:
-    """Where the copies came from, said the same on every machine: inside an installed sglang package
-    the path from `sglang/` on (the site-packages prefix is this machine's, not the data's), else as given."""
-    parts = src_root.resolve().parts
-    if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
-        return "/".join(parts[parts.index("site-packages") + 1:])
-    return str(src_root)
+    """Where the copies came from, said the same on every machine: inside the installed sglang
+    package the path from `sglang/` on (the install prefix is this machine's, not the data's)."""
+    import sglang
 
+    root = Path(sglang.__file__).resolve().parent.parent
+    try:
+        return src_root.resolve().relative_to(root).as_posix()
+    except ValueError:          # a --builtin folder outside the package: as given
+        return str(src_root)

@@ -83,11 +83,14 @@ class Runner:
         raise NotImplementedError(f"{self.family}/{self.name}: {self.not_implemented or 'no launch'}")
 
 
-def discover(package: str) -> list[Runner]:
-    """The runners declared by the modules of `package`, in module-name order."""
+def discover(package: str, skip: tuple = ()) -> list[Runner]:
+    """The runners declared by the modules of `package` (but the modules named in `skip`), in
+    module-name order."""
     pkg = importlib.import_module(package)
     found: list[Runner] = []
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name in skip:
+            continue
         mod = importlib.import_module(f"{package}.{info.name}")
         found.extend(getattr(mod, "RUNNERS", ()) or ([mod.RUNNER] if hasattr(mod, "RUNNER") else []))
     return found

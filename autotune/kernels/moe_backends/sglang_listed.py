@@ -12,9 +12,6 @@ sweep would also launch runners whose H200 behaviour is not yet seen in a device
 would change what the README's replayed main job prints (moe_bf16 is part of it)."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from . import SglangMoe
 
 FAMILY = "moe_fp4"
@@ -23,17 +20,10 @@ NOT_A_RUNNER = frozenset({"auto"})      # SGLang's own resolution: measured as t
 
 def declared_values(family: str = FAMILY) -> set[str]:
     """The flag values the other modules of this package declare for `family`."""
-    package = importlib.import_module(__package__)
-    here = __name__.rsplit(".", 1)[1]
-    out = set()
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name == here:
-            continue
-        mod = importlib.import_module(f"{__package__}.{info.name}")
-        for r in getattr(mod, "RUNNERS", ()) or ([mod.RUNNER] if hasattr(mod, "RUNNER") else []):
-            if r.family == family and r.sglang_value:
-                out.add(r.sglang_value)
-    return out
+    from ..runner import discover
+
+    others = discover(__package__, skip=(__name__.rsplit(".", 1)[1],))
+    return {r.sglang_value for r in others if r.family == family and r.sglang_value}
 
 
 def listed_runners(family: str = FAMILY) -> tuple:
