@@ -90,9 +90,12 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
 def _shown(src_root: Path) -> str:
     """Where the copies came from, said the same on every machine: inside the installed sglang
     package the path from `sglang/` on (the install prefix is this machine's, not the data's)."""
-    import sglang
+    import importlib.util
 
-    root = Path(sglang.__file__).resolve().parent.parent
+    spec = importlib.util.find_spec("sglang")    # found, not imported: a remembered run never imports it
+    if spec is None or not spec.origin:
+        return str(src_root)
+    root = Path(spec.origin).resolve().parent.parent
     try:
         return src_root.resolve().relative_to(root).as_posix()
     except ValueError:          # a --builtin folder outside the package: as given
