@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    stop = _on_sigterm_interrupt()
+    from . import stops
+
+    stops.install()
     if getattr(args, "log_level", None) == "debug":
         import importlib
 
@@ -81,26 +83,12 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return EXIT_STORAGE_LOST
     except KeyboardInterrupt:
-        by = "SIGTERM" if stop.get("signal") else "SIGINT"
+        import signal
+
+        by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
         print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
               "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
-        return 143 if stop.get("signal") else 130
-
-
-def _on_sigterm_interrupt() -> dict:
-    """`docker stop` sends SIGTERM: stop exactly as on Ctrl-C (storage writes are transactions,
-    the trials being measured are re-queued), then exit 143 as a process killed by it would."""
-    import signal
-
-    seen: dict = {}
-
-    def handler(signum, frame):
-        seen["signal"] = signum
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends it at once
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    return seen
+        return 143 if by == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import itertools
 import time
 from collections import deque
 
-from . import records
+from . import records, stops
 from .device import DeviceInfo
 from .records import Cache, Measurement, failure
 from .tasks import Task
@@ -65,9 +65,10 @@ class ReplayPool:
         self._done.append((time.monotonic() + self.realtime * cost, task, out))
 
     def poll(self, timeout: float = 0.0) -> list:
-        if self.realtime and self._done:
-            first = min(due for due, _, _ in self._done)
-            time.sleep(max(0.0, min(timeout, first - time.monotonic())))
+        with stops.wait():          # where a stop lands, as in the workers' pool
+            if self.realtime and self._done:
+                first = min(due for due, _, _ in self._done)
+                time.sleep(max(0.0, min(timeout, first - time.monotonic())))
         now = time.monotonic()
         done = [(task, out) for due, task, out in self._done if due <= now]
         self._done = deque(d for d in self._done if d[0] > now)

@@ -302,8 +302,8 @@ class Store:
                     continue
                 try:
                     requeue(study, t, why, self.dists[key])
-                except Exception:      # told meanwhile, or the storage is gone: resume copes
-                    pass
+                except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+                    pass               # told meanwhile (a worker's result landed): nothing to re-queue
 
     def close_queue(self, key) -> None:
         """A shared study whose budget is met: trials queued for the next ask (a dead worker's

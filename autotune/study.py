@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from . import records
+from . import records, stops
 from .records import Measurement, config_key
 from .policy import SearchPolicy, trailing_duplicates
 from .storage import ATTR, Store, config_study_name, fail_reason
@@ -195,10 +195,11 @@ class ProblemTuner:
     # -- search -------------------------------------------------------------------------------------
     def search(self) -> None:
         try:
-            with self.store.heartbeats():
+            with self.store.heartbeats(), stops.deferred():
                 self._search()
         except KeyboardInterrupt:     # SIGINT, or SIGTERM (docker stop) turned into one by the CLI
-            self.store.requeue_running("interrupted (the run was stopped); re-queued")
+            with stops.deferred():
+                self.store.requeue_running("interrupted (the run was stopped); re-queued")
             raise
 
     def _search(self) -> None:
@@ -213,7 +214,8 @@ class ProblemTuner:
                 if self.shared and any(sl.running_all for sl in order):
                     # Other processes' trials are still running: they complete, or their process
                     # died and they are re-queued once stale, and then someone must measure them.
-                    time.sleep(0.5)
+                    with stops.wait():
+                        time.sleep(0.5)
                     continue
                 break
             while live and self.pool.idle():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import stops
+
 
 @dataclass
 class Settings:
@@ -46,9 +48,10 @@ def run_tasks(pool, tasks: list, on_result, stop=lambda: False) -> list:
     on_result(task, measurements) for each finished one. Once stop() is true nothing new is
     submitted; tasks in flight still land. Returns the tasks never submitted."""
     queue = list(tasks)
-    while (queue and not stop()) or pool.busy():
-        while queue and pool.idle() and not stop():
-            pool.submit(queue.pop(0))
-        for task, ms in pool.poll(timeout=0.2):
-            on_result(task, ms)
+    with stops.deferred():      # a stop lands in the pool's wait, not inside on_result's storage writes
+        while (queue and not stop()) or pool.busy():
+            while queue and pool.idle() and not stop():
+                pool.submit(queue.pop(0))
+            for task, ms in pool.poll(timeout=0.2):
+                on_result(task, ms)
     return queue

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from . import records
+from . import records, stops
 from .fsutil import write_bytes
 from .measurer import Measurer
 from .records import Measurement, failure
@@ -179,8 +179,9 @@ class WorkerPool:
         """Finished tasks (with one record per M each), waiting at most `timeout` seconds."""
         done: list = []
         waitables = [s.conn for s in self.slots if s.conn is not None]
-        if waitables:
-            wait(waitables, timeout=timeout)
+        with stops.wait():          # the one place a stop lands while tuning (autotune.stops)
+            if waitables:
+                wait(waitables, timeout=timeout)
         now = time.monotonic()
         for s in self.slots:
             try:

@@ -225,3 +225,59 @@ def test_a_run_stopped_inside_an_ask_resumes_to_the_uninterrupted_runs_asks(grid
         optuna.trial.TrialState.FAIL if stop is KeyboardInterrupt else optuna.trial.TrialState.RUNNING)
     _resumable_run(grid_cache, storage)
     assert _asks(storage) == uninterrupted_asks
+
+
+WRITES = ("create_new_trial", "set_trial_param", "set_trial_state_values", "set_trial_user_attr",
+          "set_trial_system_attr", "set_study_user_attr", "set_study_system_attr")
+
+
+@pytest.mark.parametrize("kth", [1, 2, 3, 4, 6, 9, 13, 19, 28, 41])
+def test_a_stop_arriving_inside_any_storage_write_lands_after_it_and_the_run_resumes(grid_cache, tmp_path, kth):
+    """Ctrl-C is a signal, and Python raises it between any two bytecodes, so without care it lands
+    inside Optuna's and SQLAlchemy's storage code (CI, session 16: a trial a SIGTERM left RUNNING).
+    Here SIGINT arrives inside the kth storage write of the search: that write still completes, the
+    stop surfaces as KeyboardInterrupt, nothing is left RUNNING, what was being asked or measured is
+    queued again, and a new run on the storage finishes every study's budget."""
+    import os
+    import signal
+
+    from autotune.models import Problem
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
+    pool = ReplayPool(grid_cache)
+    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=5, seed=4))
+    t.measure_baselines()
+    calls = {"began": 0, "ended": 0, "at": None}
+
+    def interrupting(name, real):
+        def write(*a, **kw):
+            calls["began"] += 1
+            if calls["began"] == kth:
+                calls["at"] = name
+                os.kill(os.getpid(), signal.SIGINT)     # delivered at once, inside this call
+            out = real(*a, **kw)
+            calls["ended"] += 1
+            return out
+        return write
+
+    for name in WRITES:
+        setattr(storage, name, interrupting(name, getattr(storage, name)))
+    with pytest.raises(KeyboardInterrupt):
+        t.search()
+    assert calls["at"] is not None, "the search made fewer storage writes than kth"
+    assert calls["began"] == calls["ended"], f"the stop cut a {calls['at']} call short"
+    studies = [s.study for s in t.slots.values()]
+    assert not [tr for s in studies for tr in s.trials if tr.state == optuna.trial.TrialState.RUNNING]
+    for s in studies:
+        queued = [w.system_attrs["fixed_params"] for w in s.trials if w.state == optuna.trial.TrialState.WAITING]
+        for tr in s.trials:
+            if tr.state == optuna.trial.TrialState.FAIL:
+                assert s.user_attrs[f"fail_reason:{tr.number}"].startswith("interrupted")
+                assert tr.params in queued or not tr.params
+
+    again = ReplayPool(grid_cache)
+    t2 = ProblemTuner(storage, p, get_family("triton_moe"), again.device, again, TuneSettings(trials=5, seed=4))
+    t2.measure_baselines()
+    t2.search()
+    assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())

@@ -1,0 +1,85 @@
+"""Ctrl-C and `docker stop` (SIGTERM) while tuning: the stop is delivered only where nothing is
+half-written. Inside `deferred()` (the tuning loops: asks, tells, commits, re-queues) a signal is
+remembered and raised as KeyboardInterrupt at the next `wait()` (the pool's wait for results) or at
+the end of the block, never inside a storage call: a KeyboardInterrupt raised inside SQLAlchemy can
+leave a connection holding SQLite's write lock, and the re-queue that follows then fails (CI,
+session 16: a trial left RUNNING after SIGTERM). Outside those blocks a stop lands at once, as usual.
+A second signal while one is pending lands at once too (a user who presses Ctrl-C again means it)."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+_depth = 0              # > 0: inside deferred(), main thread
+_pending: int | None = None
+_seen: list[int] = []   # every stop signal received, first first
+
+
+def stopped_by() -> int | None:
+    """The first stop signal this process received (signal.SIGINT / SIGTERM), or None."""
+    return _seen[0] if _seen else None
+
+
+def _on_signal(signum, frame):
+    global _pending
+    _seen.append(signum)
+    if signum == signal.SIGTERM:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
+    if _depth > 0 and _pending is None:
+        _pending = signum
+        return
+    _pending = None
+    raise KeyboardInterrupt
+
+
+def install(sigterm: bool = True) -> None:
+    """The CLI's handlers: SIGINT, and SIGTERM treated as Ctrl-C (then exit 143)."""
+    signal.signal(signal.SIGINT, _on_signal)
+    if sigterm:
+        signal.signal(signal.SIGTERM, _on_signal)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def deferred():
+    """A block whose storage writes must not be cut: a stop arriving inside waits for a wait()."""
+    global _depth
+    if not _main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        install(sigterm=False)      # a library caller (tests, api.run): Ctrl-C deferred the same way
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+    if _depth == 0:
+        checkpoint()
+
+
+@contextlib.contextmanager
+def wait():
+    """A blocking wait (for workers' results, a sleep): a pending stop is raised here, and one that
+    arrives during the wait lands at once."""
+    global _depth
+    if not _main_thread():
+        yield
+        return
+    saved, _depth = _depth, 0
+    try:
+        checkpoint()
+        yield
+    finally:
+        _depth = saved
+
+
+def checkpoint() -> None:
+    global _pending
+    if _pending is not None:
+        _pending = None
+        raise KeyboardInterrupt
