@@ -16,6 +16,8 @@ breaks one) is seen, not assumed.
 """
 from __future__ import annotations
 
+import sys
+
 import functools
 from dataclasses import dataclass
 
@@ -198,6 +200,16 @@ def sglang_auto_value(family: str, sm: int | None) -> str | None:
             return None                  # a dense family whose `auto` SGLang's code is not asked for
         from .models import Problem
         return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=spec.dtype), sm)
+    def ask_or_none():
+        # SGLang's resolution builds its parallel groups and imports half its server: in a broken
+        # environment (device call, session 16: a missing `openai` module) say so, as unknown.
+        try:
+            return ask()
+        except Exception as e:
+            why = str(e).splitlines()[0] if str(e) else ""
+            print(f"autotune: warning: SGLang's own `auto` resolution for {family} failed here "
+                  f"({type(e).__name__}: {why}); its auto is reported as unknown", file=sys.stderr)
+            return None
     if sm is None:
-        return ask()
-    return remembered(("auto", family, sm), ask, lambda a: isinstance(a, str))
+        return ask_or_none()
+    return remembered(("auto", family, sm), ask_or_none, lambda a: isinstance(a, str))

@@ -34,6 +34,19 @@ pack "$(ls "$tmp"/sglang-0.5.23-*.whl)" "$C/sglang_0.5.23_trim.tar.xz" --drop sg
 pack "$(ls "$tmp"/transformers-5.19.0-*.whl)" "$C/transformers_5.19.0.tar.xz"
 pack_sgl_kernel "$tmp" "$C"
 pack_flashinfer "$tmp" "$C" 0.7.2
+# The NVFP4 sieve (scripts/device_steps.sh sieve): FlashInfer's CUTLASS and CCCL headers, which its FP4 quantizer
+# JIT includes (without them b12x fails in our carry, not in FlashInfer: "cutlass/arch/barrier.h: No such
+# file", session 16), as their own 3 MiB tarball; and optuna with its needs for `autotune run` there.
+"$py" - "$(ls "$tmp"/flashinfer_python-0.7.2-*.whl)" "$C/flashinfer_0.7.2_headers.tar.xz" <<'PY'
+import io, sys, tarfile, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+keep = ('flashinfer/data/cutlass/include/', 'flashinfer/data/cutlass/tools/util/include/', 'flashinfer/data/cccl/')
+with tarfile.open(sys.argv[2], 'w:xz', preset=9) as t:
+    for n in z.namelist():
+        if n.startswith(keep):
+            data = z.read(n); ti = tarfile.TarInfo(n); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+PY
+pip_dl "$C/whl" optuna==5.0.0 sqlalchemy==2.0.44 alembic==1.17.2 mako==1.3.10 colorlog==6.10.1 greenlet==3.2.4
 write_setup "$C" <<'SH'
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1   # sglang-kernel 0.4.5 instead of the pinned 0.4.10
 # The Rust radix TreeCore links libtorch (built for torch 2.14): if it does not load under this torch,

@@ -124,3 +124,38 @@ def test_the_triton_runner_reads_a_tuned_folder_only_where_there_is_one(tmp_path
     assert os.environ["SGLANG_MOE_CONFIG_DIR"] == str(tmp_path / "NVIDIA_H200")
     L.use_triton_configs(None)
     assert "SGLANG_MOE_CONFIG_DIR" not in os.environ
+
+
+def test_a_world_that_fails_half_way_gives_every_later_caller_its_first_error(monkeypatch):
+    """SGLang's parallel groups cannot be made twice in one process: when the first build of the
+    world fails after making them (a missing module in a later import), each later backend in that
+    worker must see that cause, not SGLang's 'already initialized' (H200, session 16)."""
+    calls = []
+
+    def half_built():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ModuleNotFoundError("No module named 'openai'")
+        raise AssertionError("tensor model parallel group is already initialized")
+
+    monkeypatch.setattr(L, "_build_world", half_built)
+    monkeypatch.setattr(L, "_world_failed", [])
+    for _ in range(3):
+        with pytest.raises(ModuleNotFoundError, match="openai"):
+            L.world()
+    assert len(calls) == 1
+
+
+def test_sglang_auto_that_cannot_be_resolved_here_is_unknown_in_one_line(monkeypatch, capsys):
+    """Asking SGLang's own `auto` resolution imports half its server; where that breaks, the run
+    says so in one line and reports auto as unknown instead of ending in a traceback (H200,
+    session 16: a run's selection died on it after every backend was measured)."""
+    from autotune import backends
+
+    def broken(sm):
+        raise ModuleNotFoundError("No module named 'openai'")
+
+    monkeypatch.setattr(L, "resolved_fp4_gemm_backend", broken)
+    assert backends.sglang_auto_value("fp4_gemm", None) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fp4_gemm" in err[0] and "openai" in err[0] and "unknown" in err[0]

@@ -75,11 +75,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@functools.lru_cache(maxsize=1)
+_world_failed: list = []      # the first world() failure, raised again by every later call
+
+
 def world():
     """The one-process world SGLang's layers read (its parallel groups and published ServerArgs);
     returns its runtime context, which every build and forward here runs in (a worker may have
-    another one active for SGLang's config loader: autotune.kernels.sglang_loader.sglang_context)."""
+    another one active for SGLang's config loader: autotune.kernels.sglang_loader.sglang_context).
+    Built once per process: a build that fails half-way (its groups made, a later import missing)
+    cannot be retried, so every later call gets that first error, not SGLang's "already initialized"
+    (device call, session 16: the missing-module cause was hidden behind it for later backends)."""
+    if _world_failed:
+        raise _world_failed[0]
+    try:
+        return _build_world()
+    except Exception as e:
+        _world_failed.append(e)
+        raise
+
+
+@functools.lru_cache(maxsize=1)
+def _build_world():
     from sglang.srt.distributed import parallel_state
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import SpawnRanks, get_context, get_parallel, publish, reset_context
