@@ -301,8 +301,17 @@ class BackendTuner:
             out.setdefault(b, f"unavailable on this machine ({m.reason}); not stored, a re-run retries it")
         return out
 
-    def time_of(self, backend: str, M: int) -> float | None:
-        """Best known time of a backend at M (careful re-measurement if any), None if not ok."""
+    def _default_of(self, backend: str, M: int) -> Measurement | None:
         cfg = {"backend": backend, "tactic": -1}
         m = self.careful.get((LAYER, M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
-        return m.time_us if m is not None and m.ok else None
+        return m if m is not None and m.ok else None
+
+    def time_of(self, backend: str, M: int) -> float | None:
+        """Best known time of a backend at M (careful re-measurement if any), None if not ok."""
+        m = self._default_of(backend, M)
+        return m.time_us if m is not None else None
+
+    def spread_of(self, backend: str, M: int) -> float:
+        """The spread of that timing (0 when there is none)."""
+        m = self._default_of(backend, M)
+        return m.spread if m is not None else 0.0

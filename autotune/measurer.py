@@ -11,6 +11,7 @@ import sys
 import time
 
 from . import records
+from .frames import raised_at
 from .measure import DUEL_ROUNDS, duel
 from .records import Measurement, failure
 from .tasks import Settings, Task
@@ -41,15 +42,17 @@ def classify(exc: BaseException) -> tuple[str, bool]:
 def failure_reason(stage: str, exc: BaseException) -> str:
     """One line for the record; the whole text (an MLIR error is many lines) goes to the log."""
     name = type(exc).__name__
-    print(f"[{stage}] {name}: {exc}", file=sys.stderr, flush=True)
+    where = "" if classify(exc)[0] != records.RUNTIME_ERROR else raised_at(exc)
+    print(f"[{stage}] {name}: {exc}" + (f" (raised at {where})" if where else ""), file=sys.stderr, flush=True)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    at = f" (raised at {where})" if where else ""
     if not lines:
-        return f"{stage}: {name}"
+        return f"{stage}: {name}{at}"
     text = lines[0]
     if re.fullmatch(r"at \d+:\d+:", text) and len(lines) > 1:
         text = f"{lines[-1]} ({text[:-1]})"     # Triton: location, source excerpt, message last
     more = " [full text in the worker log]" if len(lines) > 1 else ""
-    return f"{stage}: {name}: {text[:240]}{more}"
+    return f"{stage}: {name}: {text[:240]}{at}{more}"
 
 
 class Measurer:

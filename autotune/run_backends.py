@@ -68,6 +68,7 @@ def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dic
             print(f"  note: {line}")
         print(f"\n{fp.name}: one backend per server, {req.mix} mix: {chosen.summary}"
               + (f" ({chosen.gain_vs_auto:.3f}x over SGLang's auto {chosen.auto})" if chosen.gain_vs_auto else "")
+              + (f", kept over {chosen.within_noise} (faster by less than the noise)" if chosen.within_noise else "")
               + (f"; per-M choice would gain {chosen.per_m_gain:.3f}x more" if chosen.per_m_gain else "")
               + f"; {other.mix} mix: {other.summary}")
         results.append(([chosen, other], fp.family))

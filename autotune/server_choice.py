@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .measure import noise
+
 # Batch-size mixes for the one-backend-per-server choice: decode steps run few tokens, prefill
 # chunks many. Equal weight per M inside a mix.
 MIXES = {"decode": lambda M: M <= 64, "prefill": lambda M: M >= 512}
@@ -24,6 +26,7 @@ class ServerChoice:
     mix_measured: bool = True        # False: no batch size of this mix was in the run
     expected: dict = field(default_factory=dict)    # backend -> why its declarations expect it to fail here
     values: dict = field(default_factory=dict)      # backend -> the flag value selecting it (None: none)
+    within_noise: str | None = None  # faster than auto by less than the timings' noise, so auto was kept
 
     def _flag(self, b: str | None) -> str:
         return (self.values.get(b) or b) if b else "-"
@@ -38,6 +41,9 @@ class ServerChoice:
         why = self.disqualified.get(self.auto) or (f"not run: {self.skipped[self.auto]}" if self.auto in self.skipped
                                                    else None)
         gain = f" ({self.gain_vs_auto:.3f}x over auto)" if self.gain_vs_auto and self.backend != self.auto else ""
+        if self.within_noise:
+            gain = (f" ({self._flag(self.within_noise)} {self.totals[self.auto] / self.totals[self.within_noise]:.3f}x "
+                    "faster, within noise)")
         return f"auto -> {self._flag(self.auto)}" + (f": {why}" if why else "") + f" | {pick}{gain}"
 
     @property
@@ -49,8 +55,11 @@ class ServerChoice:
         ran correctly, or one expected to run that failed (a release changed, or a declaration is off)."""
         out = [f"{b} ran correctly though its declaration expects it to fail here ({why})"
                for b, why in sorted(self.expected.items()) if b in self.totals]
-        out += [f"{b} failed though nothing declared expects it to: {self.disqualified[b]}"
-                for b in sorted(self.disqualified) if b not in self.expected]
+        # one line for these: each one's evidence is already in its own "disqualified" line
+        undeclared = sorted(b for b in self.disqualified if b not in self.expected)
+        if undeclared:
+            out.append(f"failed though nothing declared expects {'it' if len(undeclared) == 1 else 'them'} to "
+                       f"(evidence above): {', '.join(undeclared)}")
         return out
 
     @property
@@ -106,7 +115,15 @@ def server_choice(family, device, tuners: list, mix: str = "decode") -> ServerCh
             per_m += getattr(t.problem, "layers", 1) * min(xs) if xs else 0.0
     eligible = {b: v for b, v in totals.items() if b in selectable}
     best = min(eligible, key=eligible.get) if eligible else None
+    auto, within_noise = family.sglang_auto(device), None
+    if best is not None and auto in eligible and best != auto:
+        # SGLang's own pick stays unless another backend beats it beyond the noise of either's timings
+        # (H200 sieve, session 17: experimental_sgl_marlin "won" over auto's marlin by 1.001x)
+        spread = lambda b: max((t.spread_of(b, M) for t in tuners for M in t.Ms if in_mix(M)), default=0.0)  # noqa: E731
+        if eligible[best] * (1 + noise(spread(best), spread(auto))) >= eligible[auto]:
+            best, within_noise = auto, best
     plan = family.availability(device)
-    return ServerChoice(family.name, mix, best, totals, family.sglang_auto(device), per_m or None, bad, skipped,
+    return ServerChoice(family.name, mix, best, totals, auto, per_m or None, bad, skipped,
                         mix_measured, expected={a.backend.name: a.expected for a in plan if a.ok and a.expected},
-                        values={a.backend.name: family.sglang_value(a.backend.name) for a in plan})
+                        values={a.backend.name: family.sglang_value(a.backend.name) for a in plan},
+                        within_noise=within_noise)

@@ -11,9 +11,11 @@ does with one task at one M is autotune.measurer.
 """
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from . import records, stops
+from .frames import stuck_at
 from .fsutil import write_bytes
 from .measurer import Measurer
 from .records import Measurement, failure
@@ -39,9 +42,24 @@ def _to_log(path: str) -> None:
     os.close(fd)
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _stack_file(lock_dir: str, pid: int) -> str:
+    return os.path.join(lock_dir, f"stack-{pid}.txt")
+
+
 def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool = False) -> None:
     if settings.log_path:
         _to_log(settings.log_path)
+    # asked where it is (SIGUSR1) when it hangs: faulthandler answers even from inside C code
+    stack_out = open(_stack_file(lock_dir, os.getpid()), "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_out, all_threads=True)
     if settings.on_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -150,6 +168,7 @@ class WorkerPool:
             except Exception:
                 pass
             self._kill(s)
+        shutil.rmtree(self._lock_dir, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -193,11 +212,33 @@ class WorkerPool:
             if s.proc is not None and not s.proc.is_alive():
                 self._died(s, done)
             elif s.task is not None and now - s.last_beat > self.timeout_s:
-                self._fail_task(s, records.TIMEOUT, f"no progress for {self.timeout_s:.0f} s (hang); worker killed", done)
+                where = self._where_stuck(s)
+                self._fail_task(s, records.TIMEOUT, f"no progress for {self.timeout_s:.0f} s (hang"
+                                + (f"; stuck in {where}" if where else "") + "); worker killed", done)
             elif not s.ready and now - s.last_beat > self.init_timeout_s:
                 self._kill(s)
                 raise RuntimeError(f"measurement worker did not start within {self.init_timeout_s:.0f} s")
         return done
+
+    def _where_stuck(self, s: _Slot, wait_s: float = 3.0) -> str:
+        """Ask a hung worker for its stack before killing it; its innermost own frame ('' if it
+        cannot answer: a process stuck in the driver takes no signal). The whole dump goes to the log."""
+        path = _stack_file(self._lock_dir, s.proc.pid)
+        try:
+            os.kill(s.proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        dump, end = "", time.monotonic() + wait_s
+        while not dump and time.monotonic() < end:
+            time.sleep(0.1)
+            dump = _read(path)
+        if dump:
+            time.sleep(0.2)         # the handler writes a line at a time: let it finish
+            dump = _read(path)
+        if dump and self.settings.log_path:
+            with open(self.settings.log_path, "a") as log:
+                log.write(f"[hang] worker {s.proc.pid}, no progress for {self.timeout_s:.0f} s:\n{dump}")
+        return stuck_at(dump)
 
     def _handle(self, s: _Slot, msg, done: list) -> None:
         kind = msg[0]

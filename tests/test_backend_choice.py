@@ -42,6 +42,8 @@ def test_each_broken_backend_is_disqualified_with_its_evidence(run):
     assert bad["zeros"].status == "wrong_result" and "relative error" in bad["zeros"].reason
     assert bad["crash"].status == "crash" and "SIGSEGV" in bad["crash"].reason
     assert bad["hang"].status == "timeout"
+    # asked before it was killed, the hung worker said where it waits: the backend's own line, not time.sleep
+    assert "(hang; stuck in tests/faulty_backends.py:79 in run)" in bad["hang"].reason
 
 
 def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):

@@ -10,6 +10,7 @@ from autotune import backends, families
 from autotune.cli import main
 from autotune.device import cpu_interpreter
 from autotune.kernels import get_family
+from autotune.measure import noise
 from autotune.records import Cache, write_cache
 
 TOY = families.Family("toy_gemm", "tests.toy_gemm:ToyGemm", families.BACKENDS, families.DENSE, "fp8_w8a8_block",
@@ -56,7 +57,13 @@ def test_a_toy_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, 
     # The recording decides: the correct backend with the least layer-weighted time over the decode mix.
     totals = {b: sum(p.layers * cache.get(k, "layer", M, {"backend": b, "tactic": -1}, careful=True).time_us
                      for k, p in problems.items() for M in p.batch_sizes) for b in ("plain", "chunked")}
-    best = min(totals, key=totals.get)
+    # SGLang's auto (the toy's: plain) stays unless beaten beyond the noise of both sides' timings
+    spread = {b: max(cache.get(k, "layer", M, {"backend": b, "tactic": -1}, careful=True).spread
+                     for k, p in problems.items() for M in p.batch_sizes) for b in totals}
+    beaten = totals["chunked"] * (1 + noise(*spread.values())) < totals["plain"]
+    best = "chunked" if beaten else "plain"
+    if totals["chunked"] < totals["plain"] and not beaten:
+        assert "kept over chunked (faster by less than the noise)" in out
     value = {"plain": "triton", "chunked": "cutlass"}[best]
     folder = tmp_path / "out/CPU_Triton_interpreter"
     assert f"toy_gemm: one backend per server, decode mix: {best}" in out

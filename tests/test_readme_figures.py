@@ -100,8 +100,17 @@ def install_figures() -> list[str]:
             f"the last {TuneSettings.polish:.0%} of a study's trials polish"]
 
 
+def sieve_figures() -> list[str]:
+    """The H200 sieve's two marlin NVFP4 MoE runners, decode totals, every committed run."""
+    runs = sorted(RESULTS.glob("h200_sieve_2026-12-04b/call*_sieve/backend_choice.json"))
+    totals = [json.loads(p.read_text())["families"]["moe_fp4"]["server_choice"]["decode"]["totals"] for p in runs]
+    gap = max(abs(t["marlin"] / t["experimental_sgl_marlin"] - 1) for t in totals)
+    return [f"experimental_sgl_marlin and marlin differ by at most {gap:.1%} in {len(runs)} runs"]
+
+
 def readme_figures() -> list[str]:
-    return gate_figures("0.5.23") + gate_figures("0.5.16") + tactic_figures() + timing_figures() + install_figures()
+    return (gate_figures("0.5.23") + gate_figures("0.5.16") + tactic_figures() + timing_figures() + install_figures()
+            + sieve_figures())
 
 
 @pytest.mark.parametrize("figure", readme_figures())

@@ -49,7 +49,8 @@ def choice_record(c: ServerChoice, family) -> dict:
     return {"backend": c.backend, "totals": c.totals, "auto": c.auto, "gain_vs_auto": c.gain_vs_auto,
             "per_m_gain": c.per_m_gain, "per_m_total": c.per_m_total, "disqualified": c.disqualified,
             "skipped": c.skipped, "sglang_values": {b: family.sglang_value(b) for b in sorted(names)},
-            "auto_line": c.auto_line, "expected": c.expected, "surprises": c.surprises()}
+            "auto_line": c.auto_line, "expected": c.expected, "surprises": c.surprises(),
+            **({"within_noise": c.within_noise} if c.within_noise else {})}   # only when it decided
 
 
 def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
