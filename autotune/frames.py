@@ -1,6 +1,6 @@
 """Where a failure sits, as evidence a reader can open: a file relative to its package root and a
-line. For an error, the frame that raised it; for a hang, the frame a stuck worker is waiting in,
-from the stack faulthandler dumps when the pool asks (SIGUSR1) before killing it."""
+line. For an error, the frame that raised it; for a crash or a hang, the frame the worker was in,
+from the stack its faulthandler writes on the fatal signal (the pool aborts a hung worker: SIGABRT)."""
 from __future__ import annotations
 
 import os

@@ -43,9 +43,9 @@ def failure_reason(stage: str, exc: BaseException) -> str:
     """One line for the record; the whole text (an MLIR error is many lines) goes to the log."""
     name = type(exc).__name__
     where = "" if classify(exc)[0] != records.RUNTIME_ERROR else raised_at(exc)
-    print(f"[{stage}] {name}: {exc}" + (f" (raised at {where})" if where else ""), file=sys.stderr, flush=True)
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     at = f" (raised at {where})" if where else ""
+    print(f"[{stage}] {name}: {exc}{at}", file=sys.stderr, flush=True)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return f"{stage}: {name}{at}"
     text = lines[0]

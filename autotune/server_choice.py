@@ -119,8 +119,9 @@ def server_choice(family, device, tuners: list, mix: str = "decode") -> ServerCh
     if best is not None and auto in eligible and best != auto:
         # SGLang's own pick stays unless another backend beats it beyond the noise of either's timings
         # (H200 sieve, session 17: experimental_sgl_marlin "won" over auto's marlin by 1.001x)
-        spread = lambda b: max((t.spread_of(b, M) for t in tuners for M in t.Ms if in_mix(M)), default=0.0)  # noqa: E731
-        if eligible[best] * (1 + noise(spread(best), spread(auto))) >= eligible[auto]:
+        spreads = [max((t.spread_of(b, M) for t in tuners for M in t.Ms if in_mix(M)), default=0.0)
+                   for b in (best, auto)]
+        if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:
             best, within_noise = auto, best
     plan = family.availability(device)
     return ServerChoice(family.name, mix, best, totals, auto, per_m or None, bad, skipped,

@@ -57,9 +57,10 @@ def _stack_file(lock_dir: str, pid: int) -> str:
 def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool = False) -> None:
     if settings.log_path:
         _to_log(settings.log_path)
-    # asked where it is (SIGUSR1) when it hangs: faulthandler answers even from inside C code
+    # where it was when it crashed, or when the pool aborts it for hanging (SIGABRT): faulthandler
+    # writes the stack from inside C code too, then lets the signal end the process
     stack_out = open(_stack_file(lock_dir, os.getpid()), "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_out, all_threads=True)
+    faulthandler.enable(file=stack_out, all_threads=True)
     if settings.on_cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -220,24 +221,23 @@ class WorkerPool:
                 raise RuntimeError(f"measurement worker did not start within {self.init_timeout_s:.0f} s")
         return done
 
-    def _where_stuck(self, s: _Slot, wait_s: float = 3.0) -> str:
-        """Ask a hung worker for its stack before killing it; its innermost own frame ('' if it
-        cannot answer: a process stuck in the driver takes no signal). The whole dump goes to the log."""
-        path = _stack_file(self._lock_dir, s.proc.pid)
+    def _where_stuck(self, s: _Slot, wait_s: float = 5.0) -> str:
+        """Abort a hung worker (SIGABRT: faulthandler dumps its stack, then it exits) and say its
+        innermost own frame; '' if it cannot answer (a process stuck in the driver takes no signal:
+        _kill's SIGKILL follows)."""
         try:
-            os.kill(s.proc.pid, signal.SIGUSR1)
+            os.kill(s.proc.pid, signal.SIGABRT)
         except ProcessLookupError:
             return ""
-        dump, end = "", time.monotonic() + wait_s
-        while not dump and time.monotonic() < end:
-            time.sleep(0.1)
-            dump = _read(path)
-        if dump:
-            time.sleep(0.2)         # the handler writes a line at a time: let it finish
-            dump = _read(path)
+        s.proc.join(timeout=wait_s)      # its exit means the dump is complete
+        return self._where(s, f"no progress for {self.timeout_s:.0f} s")
+
+    def _where(self, s: _Slot, what: str) -> str:
+        """The frame a worker's faulthandler dump names ('' without one); the whole dump goes to the log."""
+        dump = _read(_stack_file(self._lock_dir, s.proc.pid)) if s.proc is not None else ""
         if dump and self.settings.log_path:
             with open(self.settings.log_path, "a") as log:
-                log.write(f"[hang] worker {s.proc.pid}, no progress for {self.timeout_s:.0f} s:\n{dump}")
+                log.write(f"[{what}] worker {s.proc.pid}:\n{dump}")
         return stuck_at(dump)
 
     def _handle(self, s: _Slot, msg, done: list) -> None:
@@ -272,7 +272,8 @@ class WorkerPool:
                 sig = signal.Signals(-code).name
             except ValueError:
                 sig = f"signal {-code}"
-            why = f"worker killed by {sig}"
+            where = self._where(s, f"killed by {sig}")
+            why = f"worker killed by {sig}" + (f" in {where}" if where else "")
         else:
             why = f"worker exited with code {code}"
         if s.fatal:

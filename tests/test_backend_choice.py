@@ -41,6 +41,7 @@ def test_each_broken_backend_is_disqualified_with_its_evidence(run):
     assert bad["nan_at_2"].M == 2 and "NaN" in bad["nan_at_2"].reason     # fine at M=1, caught at M=2
     assert bad["zeros"].status == "wrong_result" and "relative error" in bad["zeros"].reason
     assert bad["crash"].status == "crash" and "SIGSEGV" in bad["crash"].reason
+    assert "worker killed by SIGSEGV in tests/faulty_backends.py:77 in run" in bad["crash"].reason
     assert bad["hang"].status == "timeout"
     # asked before it was killed, the hung worker said where it waits: the backend's own line, not time.sleep
     assert "(hang; stuck in tests/faulty_backends.py:79 in run)" in bad["hang"].reason

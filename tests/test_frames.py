@@ -6,14 +6,16 @@ import sys
 from autotune.frames import raised_at, stuck_at
 
 SCRIPT = '''
-import faulthandler, sys, threading, time
+import faulthandler, sys, threading
 
 def waiting_here():
     faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
 
-threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
-time.sleep(0.2)
+release = threading.Event()
+helper = threading.Thread(target=release.wait, daemon=True)
+helper.start()                   # returns once the thread runs: its block is in the dump
 waiting_here()
+release.set()
 '''
 
 
