@@ -1,5 +1,5 @@
 """The `autotune` command: main, and run, worker, export and record as calls of the library
-(autotune.api); the flags: cli_parser.py; the commands on folders: cli_folder.py."""
+(autotune.api); the flags: cli_parser.py; the commands on folders: folder_commands.py, printed by cli_folder.py."""
 from __future__ import annotations
 
 import sys
@@ -34,14 +34,10 @@ def cmd_record(args) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 def build_parser():
-    from .cli_folder import (cmd_check, cmd_compile_limits, cmd_install, cmd_merge, cmd_merge_choices,
-                             cmd_publish, cmd_rank_model, cmd_shapes)
+    from .cli_folder import commands
 
-    return cli_parser.build_parser({
-        "shapes": cmd_shapes, "run": cmd_run, "worker": cmd_worker, "export": cmd_export, "publish": cmd_publish,
-        "record": cmd_record, "merge-caches": cmd_merge, "merge-choices": cmd_merge_choices,
-        "compile-limits": cmd_compile_limits, "check": cmd_check, "install": cmd_install,
-        "rank-model": cmd_rank_model})
+    return cli_parser.build_parser({**commands, "run": cmd_run, "worker": cmd_worker, "export": cmd_export,
+                                    "record": cmd_record})
 
 
 def main(argv=None) -> int:

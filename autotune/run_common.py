@@ -26,13 +26,21 @@ def problems(req):
     return models.expand(ms, tps, eps, dtypes or models.TRITON_DTYPES, bss)
 
 
-def print_shared(exp) -> None:
+def shared_notes(exp) -> list[str]:
+    """Where two problems map to one SGLang file: which one the file is tuned for."""
+    out = []
     for key, others in exp.shared.items():
         owner = next(p for p in exp.problems if p.file_key == key)
         for o in others:
             who = ", ".join(sorted({f"{s[0]} tp{s[1]}" for s in o.sources}))
-            print(f"note: {who} (K={o.K}, top_k={o.top_k}) maps to the same SGLang file as {owner.key}; "
-                  f"that file is tuned for K={owner.K}, top_k={owner.top_k}")
+            out.append(f"note: {who} (K={o.K}, top_k={o.top_k}) maps to the same SGLang file as {owner.key}; "
+                       f"that file is tuned for K={owner.K}, top_k={owner.top_k}")
+    return out
+
+
+def print_shared(exp) -> None:
+    for line in shared_notes(exp):
+        print(line)
 
 
 def no_bar(req) -> bool:

@@ -127,7 +127,7 @@ def record(sm: int, problems, family, out: Path | None = None, log=print) -> Pat
     out = out or COMPILED_DIR / f"sm{sm}.json"
     device = planned(sm)
     doc = {"triton": triton.__version__, "sm": sm, "records": {}}
-    old = read_json(out, default=None)       # cmd_compile_limits refused a file there that is not a record
+    old = read_json(out, default=None)       # compile_limits (folder_commands) refused a file there that is not a record
     if isinstance(old, dict) and old.get("triton") == triton.__version__ and isinstance(old.get("records"), dict):
         doc = old
     try:

@@ -1,0 +1,205 @@
+"""The commands that measure nothing, as library calls: shapes, check, compile-limits, rank-model,
+publish, merge-caches, merge-choices. Each takes its flags as keyword arguments (a selection of what
+to tune as `sel`, an api.TuneRequest) and returns the lines the command prints; bad input raises
+UsageError. The `autotune` command (cli_folder.py) only passes the flags and prints."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import UsageError
+from .run_common import problems, shared_notes
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+def shapes(sel, target_sm=None) -> list[str]:
+    lines: list[str] = []
+    from . import device as devmod
+    from .kernels import get_family
+
+    exp = problems(sel)
+    fam = get_family("triton_moe", space_path=sel.search_space)
+    targets = [devmod.planned(sm) for sm in (target_sm or [])]
+    lines.append(f"{len(exp.problems)} fused-MoE problems; batch sizes {','.join(map(str, exp.problems[0].batch_sizes))}"
+          if exp.problems else "no problems")
+    header = f"{'E':>5} {'N':>5} {'K':>5} {'top_k':>5} {'dtype':<15} {'ep':>3}  used by"
+    if targets:
+        header += "".join(f"  | sm{t.sm} admits (gate_up/down of grid)" for t in targets)
+    lines.append(header)
+    for p in exp.problems:
+        mtp = {(s[0], s[1], s[2]) for s in p.sources if s[3] == "mtp"}
+        used = ", ".join(f"{m} tp{tp}" + (f" ep{ep}" if ep > 1 else "") + (" +MTP" if (m, tp, ep) in mtp else "")
+                         for m, tp, ep, kind in p.sources if kind == "main")
+        line = f"{p.E:>5} {p.N:>5} {p.K:>5} {p.top_k:>5} {p.dtype:<15} {p.ep:>3}  {used}"
+        for t in targets:
+            why = fam.unsupported_reason(p, t)
+            if why:
+                line += f"  | unsupported: {why}"
+                continue
+            counts = []
+            for g in fam.gemms:
+                space = fam.space(p, g, t)
+                ok = sum(1 for c in space.configs() if fam.check(c, p, g, t) is None)
+                counts.append(f"{ok}/{space.size()}")
+            line += f"  | {' / '.join(counts)}"
+        lines.append(line)
+    lines += shared_notes(exp)
+    from .kernels.cross_compile import COMPILED_DIR, load
+    for t in targets:
+        rec = load(t.sm)
+        lines.append(f"sm{t.sm}: shared memory " + (f"exact, compiled with Triton {rec['triton']} ({len(rec['records'])} configs, "
+                                             f"{COMPILED_DIR.name}/sm{t.sm}.json)" if rec else
+                                             "estimated (autotune compile-limits --target-sm "
+                                             f"{t.sm} records exact limits)"))
+    try:
+        here = devmod.detect()
+        lines.append(f"this machine: {here.name} (SM{here.sm}); SGLang names its files device_name={here.file_name}")
+    except devmod.NoDeviceError:
+        lines.append("this machine: no GPU visible (SGLang's device_name is torch.cuda.get_device_name() with spaces as _)")
+    return lines
+
+
+def publish(to, src=None, branch=None, path=None) -> list[str]:
+    from .publish import PublishError, publish as publish_folder
+
+    lines: list[str] = []
+
+    src = Path(src) if src else None
+    if src is None:
+        found = [d for d in Path("tuned_configs").glob("*") if (d / "provenance.json").exists()]
+        if len(found) != 1:
+            raise UsageError("say which tuned folder to publish with --from (found "
+                             f"{', '.join(str(d) for d in found) or 'none'} under tuned_configs/)")
+        src = found[0]
+    try:
+        out = publish_folder(src, to, branch or f"tuned/{src.name}", path)
+    except PublishError as e:
+        raise UsageError(str(e))
+    lines.append(f"published {src} to {to} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
+    for name, kept in out.kept.items():
+        for M, why in kept.items():
+            lines.append(f"  {name} M={M}: {why}")
+    return lines
+
+
+def merge_caches(caches, output) -> list[str]:
+    from .fsutil import claim
+    from .records import CACHE_OURS, CacheError, merge_caches as merged, write_cache
+
+    lines: list[str] = []
+
+    claim(output, CACHE_OURS, "-o")     # a file there must be a measurement cache (it is replaced)
+    try:
+        cache = merged(caches)
+    except CacheError as e:
+        raise UsageError(str(e))
+    write_cache(output, cache)
+    lines.append(f"merged {len(caches)} caches: {len(cache.records)} measurements -> {output}")
+    return lines
+
+
+def install(folder, model_path, tp, pp=1, attn_dp=1, ep=1, dtype="bfloat16", quantization=None,
+            moe_runner_backend=None, hf_config_class=None, cache_dir=None, skip_ops="") -> list[str]:
+    lines: list[str] = []
+    """The folder's FlashInfer cache into every rank's file of SGLang's cache for this server."""
+    from .export.install import InstallError, blocklist_hint, install
+
+    given = quantization is not None
+    quant = None if (quantization or "").lower() == "none" else quantization
+    try:
+        paths = install(folder, model_path=model_path, tp=tp, pp=pp, attn_dp=attn_dp,
+                        ep=ep, dtype=dtype, quantization=quant, quantization_given=given,
+                        moe_runner_backend=moe_runner_backend, hf_config_class=hf_config_class,
+                        cache_dir=cache_dir, skip_ops=[s for s in skip_ops.split(",") if s])
+    except InstallError as e:
+        raise UsageError(str(e)) from None
+    lines.append(f"installed the tactics of {folder} for {len(paths)} rank(s), identical files:")
+    for path in paths:
+        lines.append(f"  {path}")
+    hint = blocklist_hint(folder)
+    if hint:
+        lines.append(f"and before starting the server: {hint}")
+    return lines
+
+
+def rank_model(out, tp, model=None, model_config=None, layers=None, fp8_block=False) -> list[str]:
+    """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
+    lines: list[str] = []
+    from . import models
+    from .validate.rank_model import qwen35_hf_config, write_rank_model
+
+    if bool(model) == bool(model_config):
+        raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
+    if model_config:
+        models.model_from_hf_config(model_config)      # validated once; the rank keeps every other key
+    hf = (models.read_hf_config(model_config) if model_config
+          else qwen35_hf_config(models.select_models(model=model)[0]))
+    folder = write_rank_model(out, hf, tp, layers, fp8_block)
+    text = json.loads((folder / "config.json").read_text())
+    text = text.get("text_config", text)
+    lines.append(f"wrote {folder}: one tp{tp} rank, {text.get('num_hidden_layers')} layers, experts "
+          f"{text.get('num_experts')} x moe_intermediate_size {text.get('moe_intermediate_size')}; serve it with "
+          "--tp 1 --load-format dummy")
+    return lines
+
+
+def compile_limits(sel, target_sm, out=None) -> list[str]:
+    """Compile every config of an architecture's space for it, here (no GPU needed), and record
+    what each needs: the exact limits `check` then uses for that architecture."""
+    lines: list[str] = []
+    from . import device as devmod
+    from .kernels import get_family
+    from .kernels.cross_compile import record
+
+    try:
+        devmod.planned(target_sm)
+    except devmod.NoDeviceError as e:
+        raise UsageError(str(e)) from None
+    from .fsutil import claim, json_with
+    from .kernels.cross_compile import COMPILED_DIR
+    claim(Path(out) if out else COMPILED_DIR / f"sm{target_sm}.json", json_with("sm", "records"), "--out")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
+    exp = problems(sel)
+    fam = get_family("triton_moe", space_path=sel.search_space)
+    path = record(target_sm, [p for p in exp.problems if fam.unsupported_reason(p, devmod.planned(target_sm))
+                                   is None], fam, Path(out) if out else None)
+    lines.append(f"wrote {path}")
+    return lines
+
+
+def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tuple[int, list[str]]:
+    from . import device as devmod
+    from .check import CheckError, check_folder
+
+    try:
+        machine = devmod.detect()
+    except devmod.NoDeviceError:
+        machine = None
+    try:
+        # re-timing runs SGLang's kernels: on a CUDA GPU only, unless told not to
+        code, lines = check_folder(folder, sglang_version, machine, batch_sizes=batch_sizes,
+                                   retime_gpu=machine is not None and machine.kind == "gpu" and not no_retime)
+    except CheckError as e:
+        raise UsageError(str(e)) from None
+    lines.append("fresh: the folder matches this machine" if code == 0 else "drifted: re-tune or re-export (see above)")
+    return code, lines
+
+
+def merge_choices(sources, out="tuned_configs") -> list[str]:
+    lines: list[str] = []
+    from .export import server_args
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
+    try:
+        server_args.check_merge(sources, out)      # every source, before anything is written
+        for src in sources:
+            path = server_args.merge_folder(src, out)
+    except server_args.ChoicesError as e:
+        raise UsageError(str(e)) from None
+    lines.append(f"merged the backend choices of {', '.join(sources)} -> {path}")
+    return lines
