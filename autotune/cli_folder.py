@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 from . import api, folder_commands
+from .validate import rank_model
 
 
 def _printed(fn):
@@ -23,6 +24,6 @@ def _printed(fn):
 
 COMMANDS = {"shapes": folder_commands.shapes, "publish": folder_commands.publish,
             "merge-caches": folder_commands.merge_caches, "install": folder_commands.install,
-            "rank-model": folder_commands.rank_model, "compile-limits": folder_commands.compile_limits,
+            "rank-model": rank_model.command, "compile-limits": folder_commands.compile_limits,
             "check": folder_commands.check, "merge-choices": folder_commands.merge_choices}
 commands = {name: _printed(fn) for name, fn in COMMANDS.items()}

@@ -1,4 +1,4 @@
-"""The commands that measure nothing, as library calls: shapes, check, compile-limits, rank-model,
+"""The commands that measure nothing, as library calls: shapes, check, compile-limits,
 publish, merge-caches, merge-choices. Each takes its flags as keyword arguments (a selection of what
 to tune as `sel`, an api.TuneRequest) and returns the lines the command prints; bad input raises
 UsageError. The `autotune` command (cli_folder.py) only passes the flags and prints."""
@@ -121,27 +121,6 @@ def install(folder, model_path, tp, pp=1, attn_dp=1, ep=1, dtype="bfloat16", qua
     hint = blocklist_hint(folder)
     if hint:
         lines.append(f"and before starting the server: {hint}")
-    return lines
-
-
-def rank_model(out, tp, model=None, model_config=None, layers=None, fp8_block=False) -> list[str]:
-    """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
-    lines: list[str] = []
-    from . import models
-    from .validate.rank_model import qwen35_hf_config, write_rank_model
-
-    if bool(model) == bool(model_config):
-        raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
-    if model_config:
-        models.model_from_hf_config(model_config)      # validated once; the rank keeps every other key
-    hf = (models.read_hf_config(model_config) if model_config
-          else qwen35_hf_config(models.select_models(model=model)[0]))
-    folder = write_rank_model(out, hf, tp, layers, fp8_block)
-    text = json.loads((folder / "config.json").read_text())
-    text = text.get("text_config", text)
-    lines.append(f"wrote {folder}: one tp{tp} rank, {text.get('num_hidden_layers')} layers, experts "
-          f"{text.get('num_experts')} x moe_intermediate_size {text.get('moe_intermediate_size')}; serve it with "
-          "--tp 1 --load-format dummy")
     return lines
 
 

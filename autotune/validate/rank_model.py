@@ -15,9 +15,12 @@ TokenizerManager looks for even with `--skip-tokenizer-init`.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
+from ..errors import UsageError
 from ..fsutil import claim, json_with, listed, read_json, write_atomic, write_json
+from .. import models
 from ..models import ModelError, MoeModel
 
 # Text-config keys split across TP ranks; KV heads are special (replicated below TP).
@@ -187,3 +190,21 @@ def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None =
         _vl_processor(folder)
     write_json(folder / MANIFEST, {"written_by": "autotune rank-model", "files": list(names)}, ours=manifest_ours)
     return folder
+
+
+def command(out, tp, model=None, model_config=None, layers=None, fp8_block=False) -> list[str]:
+    """A config-only model folder of one TP rank, for SGLang's server with --tp 1 --load-format dummy."""
+    lines: list[str] = []
+    if bool(model) == bool(model_config):
+        raise UsageError("rank-model needs one of --model NAME or --model-config FILE")
+    if model_config:
+        models.model_from_hf_config(model_config)      # validated once; the rank keeps every other key
+    hf = (models.read_hf_config(model_config) if model_config
+          else qwen35_hf_config(models.select_models(model=model)[0]))
+    folder = write_rank_model(out, hf, tp, layers, fp8_block)
+    text = json.loads((folder / "config.json").read_text())
+    text = text.get("text_config", text)
+    lines.append(f"wrote {folder}: one tp{tp} rank, {text.get('num_hidden_layers')} layers, experts "
+          f"{text.get('num_experts')} x moe_intermediate_size {text.get('moe_intermediate_size')}; serve it with "
+          "--tp 1 --load-format dummy")
+    return lines
