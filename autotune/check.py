@@ -17,10 +17,10 @@ provenance without version records, an unsupported release).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .sglang_versions import VersionError, parse_targets
+from .reading import load_json
 
 FRESH, DRIFTED = 0, 1
 
@@ -55,7 +55,7 @@ def read_provenance(folder: str | Path) -> dict:
     if not folder.is_dir():
         raise CheckError(f"{folder} is not a folder")
     try:
-        prov = json.loads(prov_path.read_text())
+        prov = load_json(prov_path)
     except FileNotFoundError:
         raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
     except (OSError, ValueError) as e:

@@ -9,13 +9,13 @@ integers), and optionally USE_TMA (true/false); nothing else (SGLang passes ever
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .fsutil import sha256
+from .reading import load_json
 
 
 class TritonConfig(BaseModel):
@@ -175,8 +175,8 @@ def file_problems(folder: str | Path, prov: dict, loader=None) -> dict[str, str]
             out[name] = "changed since export (its sha256 is not the one provenance.json recorded): re-export it"
             continue
         try:
-            doc = json.loads(path.read_bytes())
-        except (ValueError, UnicodeDecodeError) as e:
+            doc = load_json(path)
+        except (OSError, ValueError) as e:
             out[name] = f"not valid JSON ({e}): SGLang's loader fails on it"
             continue
         own = (lambda M, c: True) if entry is None else (lambda M, c: _sglangs_own(entry, M, c, name))

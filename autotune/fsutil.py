@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .reading import load_json
+
 Ours = Callable[[Path], bool]
 
 _FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("autotune_force", default=False)
@@ -67,7 +69,7 @@ def file_mode() -> int:
 
 def _json_object(path: Path):
     try:
-        doc = json.loads(path.read_bytes())
+        doc = load_json(path)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -115,6 +117,11 @@ def claim(path: str | Path, ours: Ours, what: str = "") -> None:
     path = Path(path)
     if path.is_dir():
         raise NotOurs(f"{what + ' ' if what else ''}{path} is a folder; name a file")
+    if path.is_symlink() and not path.exists():
+        raise NotOurs(f"{path} is a link to {os.readlink(path)}, which does not exist: not replaced (remove the link "
+                      "or name another output)")
+    if path.exists() and not path.is_file():
+        raise NotOurs(f"{path} is not a regular file (a FIFO, a device or a socket): not replaced; name another output")
     if path.exists() and not _FORCE.get() and not ours(path):
         raise NotOurs(f"{path} is not a file autotune wrote{' (' + what + ')' if what else ''}: not replaced "
                       "(move it away, name another output, or pass --force)")
@@ -196,7 +203,7 @@ def sha256(path: str | Path) -> str:
 
 def read_json(path: str | Path, default=None):
     try:
-        return json.loads(Path(path).read_text())
+        return load_json(path)
     except FileNotFoundError:
         return default
     except IsADirectoryError:

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .reading import load_json
+
 # SGLang's tuning batch sizes (benchmark/kernels/fused_moe_triton/common_utils.py).
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
@@ -150,7 +152,7 @@ def read_hf_config(path: str | Path) -> dict:
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
     try:
-        raw = json.loads(p.read_text())
+        raw = load_json(p)
     except FileNotFoundError:
         raise ModelError(f"model config not found: {p}") from None
     except OSError as e:

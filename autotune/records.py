@@ -16,6 +16,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .reading import parse_json, require_regular
+
 OK = "ok"
 # Failure statuses. "invalid" is rejected before launch (costs nothing).
 INVALID = "invalid"
@@ -158,10 +160,10 @@ class Cache:
 
 def is_cache(path: Path) -> bool:
     """Ours: a file whose first line is a measurement cache's header."""
-    for opener in (lambda: gzip.open(path, "rt"), lambda: open(path)):
+    for opener in (lambda: gzip.open(require_regular(path), "rt"), lambda: open(require_regular(path))):
         try:
             with opener() as f:
-                return json.loads(f.readline()).get("kind") == CACHE_KIND
+                return parse_json(f.readline()).get("kind") == CACHE_KIND
         except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, AttributeError):
             continue
     return False
@@ -219,8 +221,9 @@ def read_cache(path: str | Path) -> Cache:
 
 def _parse_cache(path: Path) -> Cache:
     try:
+        require_regular(path)
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-            header = json.loads(f.readline())
+            header = parse_json(f.readline())
             if header.get("kind") != CACHE_KIND:
                 raise CacheError(f"{path} is not an autotune measurement cache")
             if header.get("version") != CACHE_VERSION:
@@ -229,7 +232,7 @@ def _parse_cache(path: Path) -> Cache:
             _check_header(cache)
             for line in f:
                 if line.strip():
-                    row = json.loads(line)
+                    row = parse_json(line)
                     careful = row.pop("careful", False)
                     cache.add(Measurement.from_dict(row), careful=careful)
     except FileNotFoundError:

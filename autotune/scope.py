@@ -47,10 +47,10 @@ def mean_cost(cache, triton: bool | None = None) -> float:
 
 def _recorded_gpu(path: Path) -> str | None:
     import gzip
-    import json
     try:
-        with gzip.open(path, "rt") as f:
-            return json.loads(f.readline()).get("device", {}).get("name")
+        from .reading import parse_json, require_regular
+        with gzip.open(require_regular(path), "rt") as f:
+            return parse_json(f.readline()).get("device", {}).get("name")
     except (OSError, EOFError, ValueError, AttributeError):
         return None
 

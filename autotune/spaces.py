@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from .device import arch_section
+from .reading import parse_yaml, read_text
 
 # search_spaces/ at the top of a checkout; an installed wheel carries it inside the package.
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -13,6 +17,7 @@ if not SPACES_DIR.is_dir():
     SPACES_DIR = Path(__file__).resolve().parent / "search_spaces"
 _TOP_KEYS = {"family", "params", "gemm_params", "arch"}
 _ARCH_KEYS = {"params"}
+_ARCH_NAME = re.compile(r"sm[0-9]{2,3}")
 
 
 class SpaceError(ValueError):
@@ -60,17 +65,21 @@ def _check_ladders(where: str, params) -> dict:
     for name, values in params.items():
         if not isinstance(values, list) or not values:
             raise SpaceError(f"{where}.{name}: expected a non-empty list of values")
+        odd = [v for v in values if not isinstance(v, (bool, int, float, str))]
+        if odd:
+            raise SpaceError(f"{where}.{name}: a ladder holds numbers or true/false, got {odd[0]!r:.60}")
         if len(set(values)) != len(values):
             raise SpaceError(f"{where}.{name}: repeated values {values}")
         out[str(name)] = tuple(values)
     return out
 
 
-def load(family: str, path: str | Path | None = None) -> dict:
-    """Read and validate search_spaces/<family>.yaml (or `path`)."""
+def load(family: str, path: str | Path | None = None, gemms: tuple[str, ...] = ()) -> dict:
+    """Read and validate search_spaces/<family>.yaml (or `path`); `gemms`: the family's GEMMs, the only
+    names gemm_params may hold (a misspelt one would be ignored in silence)."""
     p = Path(path) if path else SPACES_DIR / f"{family}.yaml"
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = parse_yaml(read_text(p))
     except FileNotFoundError:
         raise SpaceError(f"search space file not found: {p}") from None
     except IsADirectoryError:
@@ -91,8 +100,17 @@ def load(family: str, path: str | Path | None = None) -> dict:
         if not isinstance(doc.get(key) or {}, dict):
             raise SpaceError(f"{p}: {key} must be a mapping, got {doc[key]!r:.60}")
     gemm = {g: _check_ladders(f"{p}:gemm_params.{g}", v) for g, v in (doc.get("gemm_params") or {}).items()}
+    if gemms and set(gemm) - set(gemms):
+        raise SpaceError(f"{p}: gemm_params names unknown GEMM(s) {sorted(map(str, set(gemm) - set(gemms)))}; "
+                         f"{family}'s are {list(gemms)}")
     arch = {}
     for a, sec in (doc.get("arch") or {}).items():
+        if not isinstance(a, str) or not _ARCH_NAME.fullmatch(a):
+            raise SpaceError(f"{p}: arch.{a} is not an architecture section: name one sm<NN> as the device's "
+                             "compute capability (sm90, sm100, sm120)")
+        if arch_section(int(a[2:])) != a:
+            raise SpaceError(f"{p}: arch.{a} is never read: {a.upper()} devices read section "
+                             f"{arch_section(int(a[2:]))}; name that one")
         sec = sec or {}
         if not isinstance(sec, dict):
             raise SpaceError(f"{p}: arch.{a} must be a mapping (params: ...), got {sec!r:.60}")

@@ -8,13 +8,13 @@ are kept (ours win on equal keys); a file of another FlashInfer/CUDA environment
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..fsutil import NotOurs, claim, write_atomic
 from ..kernels import flashinfer_cache as fi
 from .flashinfer import sglang_cache_path
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
+from ..reading import load_json
 
 
 class InstallError(ValueError):
@@ -31,7 +31,7 @@ def model_facts(model_path: str) -> tuple[str | None, str | None, bool]:
 
     try:
         cls = type(AutoConfig.from_pretrained(str(cfg_path.parent))).__name__
-        raw = json.loads(cfg_path.read_text())
+        raw = load_json(cfg_path)
     except Exception as e:
         raise InstallError(f"{cfg_path}: not a model config transformers can read ({type(e).__name__}: {e})") from None
     q = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
@@ -133,7 +133,7 @@ def _sm(folder: Path) -> int:
         path = folder / name
         if path.is_file():
             try:
-                return int(json.loads(path.read_text())["device"]["sm"])
-            except (ValueError, KeyError, TypeError):
+                return int(load_json(path)["device"]["sm"])
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
     raise InstallError(f"{folder} says nowhere which GPU it was tuned on (backend_choice.json or provenance.json)")

@@ -16,13 +16,13 @@ Our files are the ones provenance.json's `files` names; the overlay is recompute
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..device import DeviceInfo
 from ..fsutil import copy_file, sha256, write_json
 from ..sglang_versions import valid_releases
 from .provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
+from ..reading import load_json
 
 def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
     """An earlier overlay's copy, unchanged since (a copy edited by hand is the user's now)."""
@@ -63,8 +63,8 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
             skipped[rel] = "this shape is tuned here: our file must win SGLang's Triton-folder fallback"
             continue
         up_name, down_name = _pair_name(src.name)
-        up = json.loads((src.parent / up_name).read_text()) if (src.parent / up_name).exists() else {}
-        down = json.loads((src.parent / down_name).read_text()) if (src.parent / down_name).exists() else {}
+        up = load_json(src.parent / up_name) if (src.parent / up_name).exists() else {}
+        down = load_json(src.parent / down_name) if (src.parent / down_name).exists() else {}
         missing = [v for v in targets if v not in valid_releases(up, down, tma)]
         if missing:
             skipped[rel] = f"SGLang {', '.join(missing)} cannot run it"

@@ -15,7 +15,6 @@ never mixed in one folder.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .. import families as registry
@@ -23,6 +22,7 @@ from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
 from ..fsutil import json_with, write_atomic, write_json
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
+from ..reading import load_json, parse_yaml, read_text
 
 SERVER_ARGS = "server_args.yaml"
 DETAILS = "backend_choice.json"
@@ -143,12 +143,12 @@ def _user_flags(path: Path) -> tuple[list[str], list[str], set]:
     import yaml
 
     try:
-        text = path.read_text() if path.exists() else ""
+        text = read_text(path) if path.exists() else ""
     except (OSError, UnicodeDecodeError) as e:
         raise ChoicesError(f"{path} cannot be read ({e}); not merged") from None
     before, after = user_lines(text)
     try:
-        doc = yaml.safe_load("\n".join(before + after)) or {}
+        doc = parse_yaml("\n".join(before + after)) or {}
     except yaml.YAMLError as e:
         raise ChoicesError(f"{path}: its own lines are not valid YAML ({str(e).splitlines()[0]}); "
                            "not merged (fix them, or move the file away)") from None
@@ -167,7 +167,7 @@ def _spliced(path: Path, details: dict) -> str:
 def _read(path: Path) -> dict:
     """A backend_choice.json, its families' provenance filled in where an older file lacks it."""
     try:
-        choices = json.loads(path.read_text())
+        choices = load_json(path)
         from ..config_files import choices_problem
         why = choices_problem(choices)
         if why:
@@ -309,6 +309,4 @@ def check_merge(sources: list, out: str | Path) -> None:
 
 def read_values(path: str | Path) -> dict:
     """The flag -> value pairs of a server_args.yaml (what SGLang's --config loader sees)."""
-    import yaml
-
-    return yaml.safe_load(Path(path).read_text()) or {}
+    return parse_yaml(read_text(path)) or {}

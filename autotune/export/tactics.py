@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from ..reading import load_json
+
 CACHE_FILE = "flashinfer_autotune_cache.json"
 BLOCKLIST_FILE = "flashinfer_tactics_blocklist.json"
 
@@ -67,11 +69,11 @@ def write_blocklist(path: str | Path, invalid: Mapping[str, list], metadata: Map
     merged: dict[str, list] = {}
     if path.exists():
         try:
-            old = json.loads(path.read_text())
+            old = load_json(path)
             old_invalid = old["invalid_tactics"]
             if not isinstance(old_invalid, dict):
                 raise TypeError
-        except (ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             raise ValueError(f"{path} is not a FlashInfer tactics blocklist; not overwritten") from None
         merged = {k: list(v) for k, v in old_invalid.items()}
     for key, tactics in invalid.items():

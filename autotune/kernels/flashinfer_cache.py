@@ -30,6 +30,7 @@ from flashinfer.autotuner.autotuner import (
 )
 
 from ..fsutil import json_with, write_atomic
+from ..reading import load_json
 
 # Ours to merge into: a JSON object in FlashInfer's cache format (what it writes, or we did)
 CACHE_OURS = json_with(_METADATA_KEY)
@@ -171,10 +172,10 @@ def read_cache(path: str | Path) -> tuple[dict | None, dict, dict] | None:
     """(metadata, records, entries) of a FlashInfer cache file, None where there is none; ValueError
     where the file is not one."""
     try:
-        disk = json.loads(Path(path).read_text())
+        disk = load_json(path)
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as err:
+    except (OSError, ValueError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}); not overwritten") from None
     if not isinstance(disk, dict):
         raise ValueError(f"{path} is not a FlashInfer cache (not a JSON object); not overwritten")

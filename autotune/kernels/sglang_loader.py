@@ -26,6 +26,7 @@ from pathlib import Path
 from ..device import DeviceInfo
 from ..fsutil import write_json
 from ..models import Problem
+from ..reading import load_json
 
 _TRITON_UTILS = "sglang.srt.layers.moe.moe_runner.triton_utils"
 _CONFIG_MODULE = f"{_TRITON_UTILS}.fused_moe_triton_config"
@@ -275,7 +276,7 @@ def remembered(question: tuple, ask, valid):
 
 def _read_memo() -> dict:
     try:
-        memo = json.loads(memo_path().read_text())
+        memo = load_json(memo_path())
     except (OSError, ValueError):
         return {}
     return memo if isinstance(memo, dict) else {}

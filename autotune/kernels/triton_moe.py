@@ -90,7 +90,9 @@ class TritonMoe:
         # The SGLang releases the written files must load and run in (empty: the installed one's rules,
         # which are the newest's: every supported release from 0.5.18 runs anything we measure).
         self.sglang_versions = tuple(sglang_versions)
-        self._space_doc = None
+        # A file the user named is read at once (a bad one is one line before anything else is asked);
+        # the shipped one when first needed.
+        self._space_doc = spaces.load(self.name, space_path, self.gemms) if space_path else None
 
     # -- what may run ------------------------------------------------------------------------
     def unsupported_reason(self, problem: Problem, device: DeviceInfo) -> str | None:
@@ -112,7 +114,7 @@ class TritonMoe:
 
     def space(self, problem: Problem, gemm: str, device: DeviceInfo):
         if self._space_doc is None:
-            self._space_doc = spaces.load(self.name, self.space_path)
+            self._space_doc = spaces.load(self.name, self.space_path, self.gemms)
         space = spaces.resolve(self._space_doc, self.name, device.arch, gemm)
         spaces.check_params(space, self._space_doc["path"], gemm, self.PARAMS, self.OPTIONAL)
         if "USE_TMA" in space.params and self._tma_unavailable(problem, gemm, device):
