@@ -49,6 +49,11 @@ def forcing(on: bool):
         _FORCE.reset(token)
 
 
+def forced() -> bool:
+    """Whether --force is on (files that are not ours may be replaced)."""
+    return _FORCE.get()
+
+
 def _umask() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

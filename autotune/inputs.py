@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import shlex
+import shutil
 
 # argparse shows these names in its own messages ("invalid count value"): we say what is wrong instead.
 DURATION_FORMS = "90s, 20m or 1.5h"
@@ -33,7 +36,7 @@ class Parser(argparse.ArgumentParser):
         m = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
         if m:
             flag, what = m.group(1).split("/")[-1], m.group(2)
-            message = f"{flag} {what}" if what.startswith(("must ", "has ", "lists ")) else f"{flag}: {what}"
+            message = f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is not ")) else f"{flag}: {what}"
         raise BadInput(f"{message} ({self.prog} --help lists the flags)"
                        if "unrecognized arguments" in message or "required" in message else message)
 
@@ -151,6 +154,28 @@ def path(text: str) -> str:
 
 
 path = _typed(path, "path")
+
+
+def shell_words(text: str) -> tuple[str, ...]:
+    """Arguments written as a shell would split them (`--server-args="--mem-fraction-static 0.85"`)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"is not a list of arguments ({str(e).lower()}): {text!r}") from None
+
+
+shell_words = _typed(shell_words, "arguments")
+
+
+def executable(text: str) -> str:
+    """A program that can be started: a path to an executable file, or a name on PATH."""
+    found = shutil.which(text) if os.sep not in text else text
+    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise argparse.ArgumentTypeError(f"must name an executable (a path, or a name on PATH), got {text!r}")
+    return text
+
+
+executable = _typed(executable, "executable")
 
 
 def add_force(p: argparse.ArgumentParser) -> None:

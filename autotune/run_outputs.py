@@ -33,7 +33,7 @@ def default_scope_note(req) -> list[str]:
 SUMMARY_OURS = ("command", "device")
 
 
-def outputs_then_storage(req, device, pool, plans, skus, run_name):
+def outputs_then_storage(req, device, pool, plans, skus, run_name, read_first=None):
     """In this order, so that a refusal changes nothing: something to tune, every output writable
     by us, then the storage opened and claimed. The pool is closed on a refusal."""
     try:
@@ -41,7 +41,7 @@ def outputs_then_storage(req, device, pool, plans, skus, run_name):
             raise UsageError("nothing to tune on this device: " + "; ".join(
                 f"{fp.name}: {fp.unsupported or 'no problems'}" for fp in plans))
         check_outputs(req, device, plans, skus)
-        return open_storage_claimed(req, device, run_name)
+        return open_storage_claimed(req, device, run_name, read_first=read_first)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -99,12 +99,18 @@ def run_name(req, device) -> str:
     return (getattr(req, "study", None) or device.file_name) + ("~replay" if device.is_replay else "")
 
 
-def open_storage_claimed(req, device, run_name: str, shared: bool = False):
+def open_storage_claimed(req, device, run_name: str, shared: bool = False, read_first=None):
+    """`read_first(storage)`: a command that reads a run (export) checks what it needs there before the
+    claim writes anything; the storage and the run must then exist already (nothing is created)."""
     from .storage import StorageError, claim, open_storage
 
+    existing = read_first is not None
     try:
-        storage = open_storage(req.storage, shared=shared, heartbeat_s=getattr(req, "heartbeat", 10))
-        claim(storage, run_name, device)
+        storage = open_storage(req.storage, shared=shared, heartbeat_s=getattr(req, "heartbeat", 10),
+                               existing=existing)
+        if existing:
+            read_first(storage)
+        claim(storage, run_name, device, existing=existing)
     except StorageError as e:
         raise UsageError(str(e))
     return storage

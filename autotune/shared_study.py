@@ -52,7 +52,8 @@ def export_shared(req) -> None:
     device, pool, cache, exp, plans = open_device(req, ["triton_moe"])
     skus = sku_names(req, device)
     name = run_name(req, device)
-    storage = outputs_then_storage(req, device, pool, plans, skus, name)
+    storage = outputs_then_storage(req, device, pool, plans, skus, name,
+                                   read_first=lambda st: _studies_there(st, plans[0], name, req.partial))
     settings = triton_settings(req, None, load_warm_start(req.warm_start))
     clock = Clock(pool)
     with pool:
@@ -67,3 +68,25 @@ def export_shared(req) -> None:
             tuner.measure_baselines()
             select_and_export(req, tuner, device, clock, t0, {})
         overlay(req, device, plans[0].family)
+
+
+def _studies_there(storage, plan, run: str, partial: bool) -> None:
+    """Every study export would read is in the storage, checked before any is opened (opening creates
+    a missing one): a problem the run never measured is said, not exported from empty studies."""
+    import optuna
+
+    from .storage import config_study_name
+
+    have = set(optuna.get_all_study_names(storage))
+    if f"autotune-run|{run}" not in have:
+        return                  # the claim says which runs the storage holds
+    for p in plan.problems:
+        names = [config_study_name(plan.family.name, run, p.key, g, M) for g in plan.family.gemms for M in p.batch_sizes]
+        missing = [n for n in names if n not in have]
+        if len(missing) == len(names):
+            raise UsageError(f"{p.key}: run '{run}' holds no studies of it; nothing exported (its workers measure it: "
+                             "`autotune worker` with the same --study, model and --tp)")
+        if missing and not partial:
+            raise UsageError(f"{p.key}: run '{run}' holds {len(names) - len(missing)} of its {len(names)} studies; "
+                             "nothing exported (--partial exports it anyway)")
+

@@ -25,21 +25,72 @@ class StorageError(RuntimeError):
 DEFAULT_STORAGE = "sqlite:///autotune.db"
 
 
-def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10):
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a plain sqlite:/// URL (None for :memory:, a URI filename or another database)."""
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not url.startswith("sqlite:///file:"):
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def _tables(url: str) -> set[str]:
+    """The tables the database already holds (none for a SQLite file not made yet: not created here)."""
+    import sqlalchemy
+
+    file = _sqlite_file(url)
+    if file is not None and not file.exists():
+        return set()
+    engine = sqlalchemy.create_engine(url)
+    try:
+        return set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _schema_problem(url: str, tables: set[str], existing: bool) -> str | None:
+    """Why the database is not one to open, read before anything is created in it: Optuna's RDBStorage
+    adds its tables to any database first and checks its schema after."""
+    from optuna.storages._rdb.models import BaseModel     # Optuna's own table list, not a copy of it
+
+    optuna_tables = set(BaseModel.metadata.tables)
+    where = f"storage {safe_url(url)}"
+    foreign = sorted(tables - optuna_tables - {"alembic_version"})
+    if foreign:
+        return (f"{where} holds tables that are not Optuna's ({', '.join(foreign[:5])}): "
+                "studies are kept in a database of their own; name another --storage")
+    if tables and optuna_tables - tables:
+        return (f"{where} is an Optuna storage without its tables {sorted(optuna_tables - tables)[:3]} (another "
+                f"release's schema, or a damaged one): `optuna storage upgrade --storage {safe_url(url)}`, or name "
+                "another --storage")
+    if existing and not tables:
+        return f"{where} holds no studies (nothing was measured into it): check --storage"
+    return None
+
+
+def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, existing: bool = False):
     """Optuna's RDB storage. `shared`: several processes tune the same studies, so each one
     records heartbeats for its running trials, and a trial whose process died (no heartbeat for
     3 intervals) is failed and re-queued once with the same parameters (never lost, never
-    measured twice as a completed trial)."""
+    measured twice as a completed trial). `existing`: it must hold studies already (export reads
+    one); nothing is created in it. A database that is not an Optuna storage is refused untouched."""
     import warnings
 
     url = url or DEFAULT_STORAGE
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not url.startswith("sqlite:///file:"):
+    file = _sqlite_file(url)
+    try:
+        tables = _tables(url)
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
+    why = _schema_problem(url, tables, existing)
+    if why:
+        raise StorageError(why)
+    if file is not None:
         # SQLite creates the file, not its folder: `--storage sqlite:///runs/a.db` should just work.
         with contextlib.suppress(OSError):
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    kwargs = {}
+            file.parent.mkdir(parents=True, exist_ok=True)
+    kwargs = {"skip_table_creation": bool(tables)}
     if shared:
-        kwargs = dict(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
+        kwargs.update(heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
                       heartbeat_stale_trial_callback=retry_dead_workers_trial)
     attempts = 8
     for attempt in range(attempts):
@@ -113,10 +164,16 @@ def safe_url(url: str) -> str:
     return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
 
 
-def claim(storage, run: str, device) -> None:
+def claim(storage, run: str, device, existing: bool = False) -> None:
     """Each run name belongs to one GPU model: measurements of another would poison its studies.
     Claiming writes, so a storage that cannot be written is said here, before any measuring (it
-    used to surface at the first trial as "storage lost mid-run")."""
+    used to surface at the first trial as "storage lost mid-run"). `existing`: the run must be in
+    the storage already (export reads it; a misspelt --study is said, not created)."""
+    if existing:
+        runs = sorted(n.split("|", 1)[1] for n in optuna.get_all_study_names(storage) if n.startswith("autotune-run|"))
+        if run not in runs:
+            raise StorageError(f"storage {safe_url(str(getattr(storage, 'url', '')))} holds no run '{run}' "
+                               f"(it holds {', '.join(runs[:6]) if runs else 'none'}): check --study and --storage")
     try:
         meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
         owner = meta.user_attrs.get("device")

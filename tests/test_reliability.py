@@ -169,7 +169,107 @@ CASES = {
     "budget-no-unit": (lambda t: _run(t, "--budget", "20"), 2, "--budget has no unit in '20'"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
+    # issue 23, second sweep (at 260a431): refused by construction (autotune/reading.py, inputs.py, storage.py)
+    "config-nested-too-deep": (lambda t: ["shapes", "--model-config", _write(t / "config.json", _deep("{\"a\": ", "}"))],
+                               2, "is not valid JSON: nested too deeply to read"),
+    "space-nested-too-deep": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", "family: triton_moe\nparams: "
+                                                                         + _deep("[", "]", 5000))),
+                              2, "not valid YAML: nested too deeply to read"),
+    "replay-nested-too-deep": (lambda t: _run(t, replay=False) + ["--replay", str(_gz(t / "r.jsonl.gz", _header_of(GRID)
+                                                                                       + _deep("[", "]") + "\n"))],
+                               2, "nested too deeply to read"),
+    "warm-start-nested-too-deep": (lambda t: _run(t, "--warm-start", str(_gz(t / "w.jsonl.gz", _header_of(GRID)
+                                                                               + _deep("[", "]") + "\n"))),
+                                   2, "--warm-start: "),
+    "config-a-fifo": (lambda t: ["shapes", "--model-config", _fifo(t / "config.json")], 2, "is not a regular file"),
+    "config-folder-holds-a-fifo": (lambda t: ["shapes", "--model-config", str(Path(_fifo(t / "config.json")).parent)],
+                                   2, "is not a regular file"),
+    "space-a-fifo": (lambda t: ["shapes", "--search-space", _fifo(t / "s.yaml")], 2, "is not a regular file"),
+    "replay-a-fifo": (lambda t: _run(t, replay=False) + ["--replay", _fifo(t / "r.jsonl.gz")], 2, "is not a regular file"),
+    "json-out-a-fifo": (lambda t: _run(t, "--json", _fifo(t / "summary.json")), 2, "is not a regular file"),
+    "json-out-dangling-link": (lambda t: _run(t, "--json", _link(t / "summary.json", t / "gone.json")), 2,
+                               "which does not exist: not replaced"),
+    "space-ladder-of-lists": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "num_warps: [4, 8]", "num_warps: [[4], 8]"))], 2, "a ladder holds numbers or true/false, got [4]"),
+    "space-ladder-of-mappings": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "num_warps: [4, 8]", "num_warps: [{a: 1}, 8]"))], 2, "a ladder holds numbers or true/false, got {'a': 1}"),
+    "space-arch-misspelt": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "  sm120:", "  sm_120:"))], 2, "arch.sm_120 is not an architecture section"),
+    "space-arch-never-read": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "  sm120:", "  sm121:"))], 2, "arch.sm121 is never read: SM121 devices read section sm120"),
+    "space-gemm-misspelt": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "  gate_up:", "  gate_upp:"))], 2, "gemm_params names unknown GEMM(s) ['gate_upp']"),
+    "validate-server-args-unbalanced-quote": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(t),
+                                                         "--configs", str(t), "--server-args", '--x "0.85'],
+                                              2, "--server-args is not a list of arguments (no closing quotation)"),
+    "validate-python-missing": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(t), "--configs", str(t),
+                                           "--python", str(t / "nope" / "python")], 2, "--python must name an executable"),
+    "storage-foreign-tables": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                          f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}", "--replay", str(GRID),
+                                          "--batch-sizes", "8"], 2, "holds tables that are not Optuna's (mine)"),
+    "storage-old-schema": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                      f"sqlite:///{_old_optuna_db(t / 'old.db')}", "--replay", str(GRID),
+                                      "--batch-sizes", "8"], 2, "is an Optuna storage without its tables"),
+    "export-storage-empty": (lambda t: [*EXPORT, "--storage", f"sqlite:///{t / 'none.db'}", "--out", str(t / "out")], 2,
+                             "holds no studies (nothing was measured into it)"),
+    "export-foreign-storage": (lambda t: [*EXPORT, "--storage", f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}",
+                                          "--out", str(t / "out")], 2, "holds tables that are not Optuna's"),
+    "export-study-misspelt": (lambda t: [*EXPORT, "--storage", f"sqlite:///{_worked(t)}", "--study", "typo",
+                                         "--out", str(t / "out")], 2, "holds no run 'typo~replay' (it holds NVIDIA_H200~replay)"),
+    "export-problem-never-measured": (lambda t: [*EXPORT[:-2], "1", "--quiet", "--storage", f"sqlite:///{_worked(t)}",
+                                                 "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
+    "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
+                                     "not valid JSON"),
 }
+
+
+def _deep(open_: str, close: str, depth: int = 100_000) -> str:
+    return open_ * depth + "1" + close * depth
+
+
+def _header_of(recording: Path) -> str:
+    with gzip.open(recording, "rt") as f:
+        return f.readline()
+
+
+def _fifo(path: Path) -> str:
+    import os
+    os.mkfifo(path)
+    return str(path)
+
+
+def _link(path: Path, to: Path) -> str:
+    path.symlink_to(to)
+    return str(path)
+
+
+def _old_optuna_db(path: Path) -> Path:
+    """An Optuna storage missing a table, as an older release's schema (or a damaged one) is."""
+    import sqlite3
+    _optuna_db(path)
+    with sqlite3.connect(path) as c:
+        c.execute("DROP TABLE trial_heartbeats")
+    return path
+
+
+EXPORT = ["export", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--replay", str(GRID),
+          "--batch-sizes", "8", "--quiet"]
+
+
+def _worked(t: Path) -> Path:
+    """A storage one worker searched (3 trials per study) for EXPORT's problem."""
+    db = t / "shared.db"
+    assert main(["worker", *EXPORT[1:-1], "--trials", "3", "--storage", f"sqlite:///{db}"]) == 0
+    return db
+
+
+def _emptied_tuned_file(t: Path) -> bool:
+    """A run's tuned gate_up file, then emptied (a disk filled mid-copy by another tool, a hand edit)."""
+    assert main(_run(t)) == 0
+    prov = json.loads(next((t / "out").glob("*/provenance.json")).read_text())
+    name = next(iter(prov["files"]))
+    next((t / "out").glob(f"*/configs/*/{name}")).write_text("")
+    return True
 
 
 MOE_CONFIG = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "hidden_size": 2048,
@@ -191,10 +291,11 @@ def _users_sku_file(t: Path) -> bool:
     return True
 
 
-def _sqlite_db(path: Path) -> Path:
+def _sqlite_db(path: Path, table: str | None = None) -> Path:
+    """A SQLite file: empty (a header, no tables), or holding a user's table."""
     import sqlite3
     with sqlite3.connect(path) as c:
-        c.execute("CREATE TABLE t (x)")
+        c.execute(f"CREATE TABLE {table} (x)" if table else "PRAGMA user_version = 7")
     return path
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo, utc_now
-from ..fsutil import claim, read_json, sha256, write_json
+from ..fsutil import claim, forced, sha256, write_json
 from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..finalists import Choice
@@ -54,6 +54,30 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
             for sku in ("", *sku_names):
                 n = name.replace(tag, f"device_name={sku.replace(' ', '_')}") if sku else name
                 claim(folder / n, ours)
+        if entry:
+            _merge_base(folder, names, entry)        # read now: a broken one is said before measuring
+
+
+def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict, dict]:
+    """The (gate_up, down) files a merge starts from: what an earlier export wrote, each read and
+    checked as SGLang's loader would take it ({} where there is none; under --force, where it is broken:
+    it is replaced)."""
+    from ..config_files import schema_problem
+    from ..reading import load_json
+
+    docs = []
+    for name in names:
+        try:
+            doc = load_json(folder / name) if entry else {}
+            why = schema_problem(doc) if doc != {} else None
+        except FileNotFoundError:
+            doc, why = {}, None
+        except (OSError, ValueError) as e:
+            doc, why = {}, f"not valid JSON ({e})"
+        if why and not forced():
+            raise ExportError(f"{folder / name}: {why}; it is not merged into (fix or remove it, or pass --force)")
+        docs.append({} if why else doc)
+    return docs[0], docs[1]
 
 
 def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[int, Choice],
@@ -81,8 +105,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     same_stack = (old_entry.get("device") == device.name
                   and old_entry.get("triton") == device.versions.get("triton"))
     # only a file the provenance lists is ours to merge with (forced over another: replaced)
-    old_up = (read_json(folder / up_name, default={}) or {}) if old_entry else {}
-    old_down = (read_json(folder / down_name, default={}) or {}) if old_entry else {}
+    old_up, old_down = _merge_base(folder, (up_name, down_name), old_entry) if old_entry else ({}, {})
 
     per_m: dict = {}
     up_json, down_json, kept = {}, {}, {}

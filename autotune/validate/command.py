@@ -49,12 +49,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="requests per serving run = this x concurrency, at least 8 (default 4)")
     g.add_argument("--warmup-requests", type=inputs.count(0), default=4, help="serving warm-up requests (default 4)")
     g.add_argument("--no-one-batch", action="store_true", help="skip the single-request one_batch_server run")
-    g.add_argument("--server-args", help='extra launch_server arguments for both sides, e.g. '
+    g.add_argument("--server-args", type=inputs.shell_words, default=(), help='extra launch_server arguments for both sides, e.g. '
                                          '--server-args="--mem-fraction-static 0.85"')
     g.add_argument("--port", type=inputs.count(1, 65535), help="server port (default: a free loopback port per start)")
     g.add_argument("--health-timeout", type=inputs.number(positive=True), default=1800.0, help="seconds to wait for a healthy server")
     g.add_argument("--bench-timeout", type=inputs.number(positive=True), default=3600.0, help="seconds one benchmark run may take")
-    g.add_argument("--python", default=sys.executable, help="interpreter that has SGLang (default: this one)")
+    g.add_argument("--python", type=inputs.executable, default=sys.executable, help="interpreter that has SGLang (default: this one)")
     g.add_argument("--from-runs", metavar="DIR", action="append", type=inputs.path,
                    help="judge the runs scripts/sglang_arms_h200.sh left in DIR (default, shipped and tuned arms "
                         "of SGLang's own bench_one_batch / server; repeatable) instead of starting servers here")
@@ -145,7 +145,7 @@ def _validate_sglang(args) -> int:
     from .gate import comparisons_from_runs
     from .sglang_commands import check_port_free
     from .sglang_inputs import inspect_configs, inspect_model_dir
-    from .sglang_server import ServerValidation, parse_server_args, run_server_validation
+    from .sglang_server import ServerValidation, run_server_validation
 
     if args.batch_sizes:
         raise ValidateError("--batch-sizes is for --engine harness; the server path takes --concurrencies")
@@ -165,7 +165,7 @@ def _validate_sglang(args) -> int:
     v = ServerValidation(model=model, configs=configs, work_dir=work, concurrencies=concurrencies,
                          repeats=args.repeats or 3, tp=args.tp, input_len=args.input_len, output_len=args.output_len,
                          prompts_per_concurrency=args.prompts_per_concurrency, warmup_requests=args.warmup_requests,
-                         one_batch=not args.no_one_batch, extra_server_args=parse_server_args(args.server_args),
+                         one_batch=not args.no_one_batch, extra_server_args=tuple(args.server_args),
                          port=args.port, health_timeout_s=args.health_timeout, bench_timeout_s=args.bench_timeout,
                          python=args.python)
     how = v.check_commands()

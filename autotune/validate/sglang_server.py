@@ -33,7 +33,6 @@ parser-building function is executed from the installed module's source text (`s
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,9 +206,5 @@ def run_server_validation(v: ServerValidation, log=print) -> dict:
                 log(f"[{side} r{repeat}] {kind} {'concurrency' if kind == 'serving' else 'batch'} {x}: "
                     f"{metrics['output_throughput']:.1f} output tok/s")
     return {"runs": runs, "servers": servers}
-
-
-def parse_server_args(text: str | None) -> tuple[str, ...]:
-    return tuple(shlex.split(text)) if text else ()
 
 
