@@ -6,13 +6,17 @@ SGLang's own loader (sglang_loader.sglang_selection) as the config the file hold
 The schema: keys are batch sizes (positive integers, as text); each value has BLOCK_SIZE_M/N/K
 (positive powers of two), GROUP_SIZE_M, num_warps (a power of two) and num_stages (positive
 integers), and optionally USE_TMA (true/false); nothing else (SGLang passes every key to its kernel).
+
+The names a provenance gives are joined to its folder to read, write, copy and remove files, so they
+are checked where it is parsed: a tuned file's name (and its `_down` file's, and its Triton version,
+a folder name) is a plain file name; an overlay file is a path of plain names inside the folder.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .fsutil import sha256
 from .reading import load_json
@@ -37,6 +41,22 @@ class TritonConfig(BaseModel):
         return v
 
 
+def _plain_name(v: str) -> str:
+    if v in ("", ".", "..") or any(c in v for c in "/\\\0"):
+        raise ValueError(f"{v!r} is not a plain file name (no folder, no '..', not empty)")
+    return v
+
+
+def _inside_path(v: str) -> str:
+    if any(part in ("", ".", "..") or any(c in part for c in "\\\0") for part in v.split("/")):
+        raise ValueError(f"{v!r} is not a path inside the folder (plain names joined by '/', no '..', not absolute)")
+    return v
+
+
+FileName = Annotated[str, AfterValidator(_plain_name)]
+InsidePath = Annotated[str, AfterValidator(_inside_path)]
+
+
 class _Record(BaseModel):
     """A provenance record: the fields autotune reads are typed, the rest is kept as written."""
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
@@ -52,11 +72,11 @@ class PerM(_Record):
 
 
 class FileEntry(_Record):
-    down_file: Optional[str] = None
+    down_file: Optional[FileName] = None
     problem: Optional[dict] = None
     device: Optional[str] = None
     compute_capability: Optional[int] = None
-    triton: Optional[str] = None
+    triton: Optional[FileName] = None          # names its configs/triton_<version>/ folder
     measured_on: Optional[str] = None
     measured_on_sku: Optional[str] = None
     sglang_versions: Optional[list[str]] = None
@@ -66,7 +86,7 @@ class FileEntry(_Record):
 
 
 class Overlay(_Record):
-    files: list[str] = []
+    files: list[InsidePath] = []
     skipped: dict = {}
     sha256: dict[str, str] = {}
 
@@ -80,7 +100,7 @@ class RecordedDevice(_Record):
 
 class Provenance(_Record):
     device: RecordedDevice = RecordedDevice()
-    files: dict[str, FileEntry]
+    files: dict[FileName, FileEntry]
     shipped_overlay: Optional[Overlay] = None
 
 
@@ -109,7 +129,9 @@ def _problem(model, doc) -> str | None:
         model.model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
-        return f"{'.'.join(map(str, err['loc'])) or 'it'}: {err['msg']}"
+        loc = [str(p) for p in err["loc"]]
+        loc = loc[:-2] if loc[-1:] == ["[key]"] else loc      # a bad key: its message names it
+        return f"{'.'.join(loc) or 'it'}: {err['msg'].removeprefix('Value error, ')}"
     return None
 
 
@@ -143,13 +165,18 @@ def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:
     return None
 
 
+def config_folder(triton) -> str:
+    """The folder, relative to a device folder, SGLang looks in for configs made with `triton`."""
+    return f"configs/triton_{'unknown' if triton is None else str(triton).replace('.', '_')}"
+
+
 def listed_files(folder: Path, prov: dict) -> dict[str, tuple[Path, str | None, dict | None]]:
     """name -> (path, recorded sha256 or None, the tuned file's provenance entry; None: the overlay's)."""
     out = {}
     for up, entry in sorted(prov.get("files", {}).items()):
         if not isinstance(entry, dict):
             continue
-        triton_dir = folder / "configs" / f"triton_{str(entry.get('triton')).replace('.', '_')}"
+        triton_dir = folder / config_folder(entry.get("triton"))
         hashes = entry.get("sha256") if isinstance(entry.get("sha256"), dict) else {}
         for name in (up, entry.get("down_file")):
             if isinstance(name, str):

@@ -20,9 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .reading import load_json
+from .reading import load_json, read_bytes
 
 Ours = Callable[[Path], bool]
+Files = dict[Path, tuple[bytes, Ours | None]]      # planned in memory: path -> (content, what is ours there)
 
 _FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("autotune_force", default=False)
 
@@ -37,6 +38,10 @@ class NotOurs(FileFormatError):
 
 class WriteError(FileFormatError, OSError):
     """A write failed (a full disk, a folder made read-only): one line, and the old file stands."""
+
+
+class Outside(FileFormatError):
+    """A name read from a file would reach past the folder it names a file of (one line, exit 2)."""
 
 
 @contextlib.contextmanager
@@ -107,10 +112,17 @@ def bytes_holding(marker: bytes) -> Ours:
     return ours
 
 
-def listed(names: Iterable[str]) -> Ours:
-    """Ours: a file whose name (or path relative to its folder's root) a provenance lists."""
-    names = set(names)
-    return lambda path: path.name in names or any(str(path).endswith("/" + n) for n in names)
+def listed(names: Iterable[str], root: str | Path) -> Ours:
+    """Ours: a file whose path relative to `root` (the folder a provenance or a manifest describes)
+    is one of `names`, exactly (matched by its end, `config.json` also claimed a user's `sub/config.json`)."""
+    names, root = set(names), Path(root)
+
+    def ours(path: Path) -> bool:
+        try:
+            return Path(path).relative_to(root).as_posix() in names
+        except ValueError:
+            return False
+    return ours
 
 
 ANY: Ours = lambda path: True     # noqa: E731  files in folders only autotune writes (its own cache)
@@ -135,6 +147,15 @@ def claim(path: str | Path, ours: Ours, what: str = "") -> None:
 def claim_all(targets: Iterable[tuple[str | Path, Ours]]) -> None:
     for path, ours in targets:
         claim(path, ours)
+
+
+def inside(root: str | Path, rel: str) -> Path:
+    """`root / rel`, refused (Outside) where it resolves outside `root` (a `..`, an absolute path, a
+    link out of it): a name read from a file never writes or removes anything beyond its folder."""
+    root, path = Path(root), Path(root) / rel
+    if root.resolve() not in path.resolve().parents:
+        raise Outside(f"{rel!r} names a file outside {root}: refused")
+    return path
 
 
 # --- writing --------------------------------------------------------------------------------------
@@ -180,13 +201,32 @@ def write_atomic(path: str | Path, text: str, ours: Ours | None = None) -> None:
     write_bytes(path, text.encode(), ours)
 
 
+def json_bytes(obj, indent: int | None = 4) -> bytes:
+    """A JSON file's content as write_json writes it (for a plan held in memory before writing)."""
+    return (json.dumps(obj, indent=indent) + "\n").encode()
+
+
 def write_json(path: str | Path, obj, indent: int | None = 4, ours: Ours | None = None) -> None:
-    write_atomic(path, json.dumps(obj, indent=indent) + "\n", ours)
+    write_bytes(path, json_bytes(obj, indent), ours)
+
+
+def claim_files(files: Files) -> None:
+    """`claim` each file planned in memory (None: any file may be replaced, but never a folder, a
+    FIFO or a dangling link)."""
+    claim_all((path, ours or ANY) for path, (_, ours) in files.items())
+
+
+def write_all(files: Files) -> None:
+    """Files planned in memory: every one claimed before the first is written."""
+    claim_files(files)
+    for path, (data, _) in files.items():
+        write_bytes(path, data)
 
 
 def copy_file(src: str | Path, dst: str | Path, ours: Ours | None = None) -> None:
-    """A copy is written like any file: atomic, our mode, never over a file that is not ours."""
-    write_bytes(dst, Path(src).read_bytes(), ours)
+    """A copy is written like any file: atomic, our mode, never over a file that is not ours; its
+    source is read as every input is (a FIFO is refused, never read)."""
+    write_bytes(dst, read_bytes(src), ours)
 
 
 PNG_MARK = "autotune"

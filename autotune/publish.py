@@ -6,6 +6,11 @@ commit whose message states device, versions, per-kernel gains and the validatio
 refuses when validation is missing or failed, when the serving repo's working tree is dirty, and
 when the serving repo already holds faster configs (same device and versions) at every M; where it
 holds faster ones at some M, those are kept per M and named. Plain git CLI, no hidden state.
+
+Everything the commit holds is read, merged and checked in memory first (`_files`): a file the
+provenance lists must be in the tuned folder, and every target must resolve inside the serving
+repo's folder; only then is the branch made (serving_repo.new_branch puts the repo back as it was
+should anything fail after that).
 """
 from __future__ import annotations
 
@@ -15,16 +20,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .device import DeviceInfo
+from .config_files import config_folder, schema_problem
 from .export import server_args
 from .export.provenance import PROVENANCE, tuned_names
-from .fsutil import NotOurs, claim, copy_file, read_json, write_json
+from .fsutil import Files, NotOurs, claim_files, inside, json_bytes, read_json, write_all
+from .reading import read_bytes
+from .serving_repo import PublishError, git, is_url, new_branch
 
 VALIDATION = "validation.json"
-
-
-class PublishError(ValueError):
-    pass
 
 
 @dataclass
@@ -34,17 +37,6 @@ class Outcome:
     files: list = field(default_factory=list)
     kept: dict = field(default_factory=dict)      # file -> {M: why the serving repo's entry stayed}
     message: str = ""
-
-
-def _git(repo: Path, *args: str) -> str:
-    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise PublishError(f"git {' '.join(args)} failed in {repo}: {r.stderr.strip() or r.stdout.strip()}")
-    return r.stdout.strip()
-
-
-def _is_url(target: str) -> bool:
-    return "://" in target or target.startswith("git@") or target.endswith(".git")
 
 
 def validation_verdict(src: Path) -> str:
@@ -108,6 +100,20 @@ def _provenance(folder: Path) -> dict:
         raise PublishError(str(e)) from None
 
 
+def _listed(src: Path, rel: str, entry: dict | None = None) -> dict:
+    """A config file the tuned folder's provenance lists, in SGLang's schema (a missing one was
+    published as `{}`: what the provenance says and what the folder holds must agree)."""
+    path = src / rel
+    if not path.is_file():
+        said = f" (its entry names Triton {entry.get('triton')})" if entry else ""
+        raise PublishError(f"{path} is listed in {src / PROVENANCE}{said} but missing: re-export the folder")
+    doc = read_json(path)
+    why = schema_problem(doc)
+    if why:
+        raise PublishError(f"{path}: {why}; not published")
+    return doc
+
+
 def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     """In memory: {relative path: JSON content} to write, the merged provenance, and what the
     serving repo keeps per file. Nothing touches the serving repo until the plan is accepted."""
@@ -117,18 +123,18 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     merged = {"device": ours_all.get("device"), "files": dict(theirs_all.get("files", {}))}
     changed = False
     for name, entry in ours_all.get("files", {}).items():
-        folder = f"configs/triton_{str(entry.get('triton', 'unknown')).replace('.', '_')}"
+        folder = config_folder(entry.get("triton"))
         theirs_entry = theirs_all.get("files", {}).get(name)
         per_m, kept = entry.get("per_M", {}), {}
         # gate_up and _down share BLOCK_SIZE_M and one pair time: the same M decision for both
         for fname in (name, entry.get("down_file")):
             if not fname:
                 continue
-            theirs = read_json(dest / folder / fname)
-            cfgs, per_m, kept = merge_file(read_json(src / folder / fname, default={}) or {}, entry, theirs,
-                                           theirs_entry)
+            rel = f"{folder}/{fname}"
+            theirs = read_json(dest / rel)
+            cfgs, per_m, kept = merge_file(_listed(src, rel, entry), entry, theirs, theirs_entry)
             changed |= cfgs != theirs
-            writes[f"{folder}/{fname}"] = cfgs
+            writes[rel] = cfgs
         merged["files"][name] = {**entry, "per_M": per_m}
         if kept:
             kept_all[name] = kept
@@ -140,7 +146,7 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
         theirs_overlay = set((theirs_all.get("shipped_overlay") or {}).get("files", []))
         for rel in overlay.get("files", []):
             if Path(rel).name not in tuned and (rel in theirs_overlay or not (dest / rel).exists()):
-                writes[rel] = read_json(src / rel)
+                writes[rel] = _listed(src, rel)
         merged["shipped_overlay"] = overlay
     if not changed:
         raise PublishError(f"the serving repo's configs in {dest} are as fast or faster at every batch size "
@@ -158,13 +164,47 @@ def _dest_ours(dest: Path) -> dict:
         theirs = read_json(dest / PROVENANCE, default=None)
     except ValueError:
         theirs = None
-    return {PROVENANCE: PROVENANCE_OURS, "*": ours_in(theirs if PROVENANCE_OURS(dest / PROVENANCE) else None)}
+    return {PROVENANCE: PROVENANCE_OURS,
+            "*": ours_in(theirs if PROVENANCE_OURS(dest / PROVENANCE) else None, dest)}
 
 
-def _extras(src: Path, dest: Path) -> list:
-    """validate's files that travel with the configs, each with what makes the repo's copy ours."""
+def _files(src: Path, dest: Path, writes: dict) -> Files:
+    """Every file the commit holds, its content and what makes the serving repo's copy ours to
+    replace; each target resolved inside `dest` (the one place: a name read from a provenance that
+    would land outside is refused here, whatever got it past the schema) and claimed."""
     from .validate.report import report_targets
-    return [(p.name, ours) for p, ours in report_targets(dest) if (src / p.name).exists()]
+
+    ours = _dest_ours(dest)
+    files = {inside(dest, rel): (json_bytes(doc), ours.get(rel, ours["*"])) for rel, doc in writes.items()}
+    for target, is_ours in report_targets(dest):        # validate's files travel with the configs
+        if (src / target.name).exists():
+            try:
+                files[target] = (read_bytes(src / target.name), is_ours)
+            except OSError as e:
+                raise PublishError(f"{src / target.name} cannot be read ({e.strerror or e})") from None
+    if (src / server_args.DETAILS).exists():
+        # The serving repo's other families stay; ours replace theirs (server_args.merge: one place).
+        try:
+            files |= server_args.merged_from(src, dest)
+        except server_args.ChoicesError as e:
+            raise PublishError(f"backend choices cannot be merged into {dest}: {e}") from None
+    try:
+        claim_files(files)
+    except NotOurs as e:
+        raise PublishError(f"{e} (in the serving repo)") from None
+    return files
+
+
+def _message(src: Path, merged: dict, verdict: str, kept: dict) -> str:
+    versions = (merged.get("device") or {}).get("versions", {})
+    device = (merged.get("device") or {}).get("name", src.name)
+    msg = [f"autotune: tuned configs for {device}", "",
+           "versions: " + ", ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "sglang", "cuda")
+                                    if k in versions),
+           f"validation: {verdict}", "gains:", *_gains(merged)]
+    for name, k in kept.items():
+        msg.append(f"kept from the serving repo in {name}: " + "; ".join(f"M={M}: {w}" for M, w in k.items()))
+    return "\n".join(msg)
 
 
 def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> Outcome:
@@ -173,7 +213,7 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         raise PublishError(f"{src} holds no {PROVENANCE}: nothing tuned to publish")
     verdict = validation_verdict(src)
     clone = None
-    if _is_url(to):
+    if is_url(to):
         clone = Path(tempfile.mkdtemp(prefix="autotune-publish-"))
         r = subprocess.run(["git", "clone", "-q", to, str(clone)], capture_output=True, text=True)
         if r.returncode:
@@ -184,9 +224,9 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         if not (repo / ".git").exists():
             raise PublishError(f"{repo} is not a git working tree")
     try:
-        if _git(repo, "status", "--porcelain"):
+        if git(repo, "status", "--porcelain"):
             raise PublishError(f"{repo} has uncommitted changes: commit or stash them first")
-        if _git(repo, "branch", "--list", branch):
+        if git(repo, "branch", "--list", branch):
             raise PublishError(f"branch {branch} already exists in {repo}")
         dest = repo / (path or f"tuned_configs/{src.name}")
         blocking = next((p for p in (dest, *dest.parents) if p.exists()), repo)
@@ -195,46 +235,16 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         if repo.resolve() not in dest.resolve().parents:
             raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
         writes, merged, kept = _plan(src, dest)
-        dest_ours = _dest_ours(dest)
-        try:                    # every file the commit would replace, before the repo is touched
-            for rel in writes:
-                claim(dest / rel, dest_ours.get(rel, dest_ours["*"]))
-            for extra, is_ours in _extras(src, dest):
-                claim(dest / extra, is_ours)
-        except NotOurs as e:
-            raise PublishError(f"{e} (in the serving repo)") from None
-        if (src / "backend_choice.json").exists():      # refused here, before the repo is touched
-            try:
-                ours = read_json(src / "backend_choice.json")
-                server_args.check_folder(dest, DeviceInfo.from_dict(ours["device"]), exact=True)
-            except (server_args.ChoicesError, KeyError, TypeError, ValueError) as e:
-                raise PublishError(f"backend choices cannot be merged into {dest}: {e}") from None
-        _git(repo, "checkout", "-q", "-b", branch)
-        for rel, content in writes.items():
-            write_json(dest / rel, content, ours=dest_ours.get(rel, dest_ours["*"]))
-        if (src / "backend_choice.json").exists():
-            # The serving repo's other families stay; ours replace theirs (server_args.merge: one place).
-            try:
-                server_args.merge_folder(src, dest, exact=True)
-            except server_args.ChoicesError as e:
-                raise PublishError(f"backend choices not merged into {dest}: {e}") from None
-        for extra, is_ours in _extras(src, dest):
-            copy_file(src / extra, dest / extra, ours=is_ours)
-        versions = (merged.get("device") or {}).get("versions", {})
-        device = (merged.get("device") or {}).get("name", src.name)
-        msg = [f"autotune: tuned configs for {device}", "",
-               "versions: " + ", ".join(f"{k} {versions[k]}" for k in ("torch", "triton", "sglang", "cuda")
-                                        if k in versions),
-               f"validation: {verdict}", "gains:", *_gains(merged)]
-        for name, k in kept.items():
-            msg.append(f"kept from the serving repo in {name}: " + "; ".join(f"M={M}: {w}" for M, w in k.items()))
-        _git(repo, "add", "-A", str(dest.relative_to(repo)))
-        _git(repo, "-c", "user.name=autotune", "-c", "user.email=autotune@localhost", "commit", "-q", "-m",
-             "\n".join(msg))
-        outcome = Outcome(branch, _git(repo, "rev-parse", "HEAD"),
-                          [str((dest / rel).relative_to(repo)) for rel in writes], kept, "\n".join(msg))
+        files = _files(src, dest, writes)       # every refusal before this line: the repo is untouched
+        msg = _message(src, merged, verdict, kept)
+        with new_branch(repo, branch, files):
+            write_all(files)
+            git(repo, "add", "-A", str(dest.relative_to(repo)))
+            git(repo, "-c", "user.name=autotune", "-c", "user.email=autotune@localhost", "commit", "-q", "-m", msg)
+        outcome = Outcome(branch, git(repo, "rev-parse", "HEAD"),
+                          [str((dest / rel).relative_to(repo)) for rel in writes], kept, msg)
         if clone is not None:
-            _git(repo, "push", "-q", "origin", branch)
+            git(repo, "push", "-q", "origin", branch)
         return outcome
     finally:
         if clone is not None:

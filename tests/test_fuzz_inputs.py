@@ -6,7 +6,9 @@ must keep the one invariant of docs/RELIABILITY.md:
 - exit 0 with something useful on stdout and no error line, or a non-zero exit; exit 2 with exactly
   one line on stderr, `autotune: error: ...`;
 - every file that existed before is byte-identical after, and nothing lands outside the example's
-  own folder (each example runs with its folder as the working directory).
+  own folder (each example runs with its folder as the working directory, DEPTH folders below a
+  sandbox that must hold nothing else afterwards: a name that climbs out with `../` or names an
+  absolute path in it is seen).
 
 Quick tier (the README's quick command): a bounded number of examples per property; the slow tier
 (.ci/run) runs 24x as many. Both are derandomized (CI's verdict is the code's); AUTOTUNE_FUZZ_RANDOM=1
@@ -58,16 +60,29 @@ def _snapshot(root: Path) -> dict:
             if p.is_file() and ".git" not in p.relative_to(root).parts}
 
 
+# an example's folder lies DEPTH folders below its sandbox, so a name that climbs up to DEPTH folders
+# above where it is joined (the deepest: a serving repo's configs/triton_*/, 5 below) still lands in it
+DEPTH = 8
+SANDBOX = "@SANDBOX@"        # in a generated name: the example's sandbox, an absolute path out of its folder
+
+
 @contextlib.contextmanager
 def _example():
     """A fresh folder, also the working directory, for one generated example."""
     with tempfile.TemporaryDirectory(prefix="autotune-fuzz-") as d:
+        root = Path(d).joinpath(*(f"up{i}" for i in range(DEPTH)), "example")
+        root.mkdir(parents=True)
         old = os.getcwd()
-        os.chdir(d)
+        os.chdir(root)
         try:
-            yield Path(d)
+            yield root
         finally:
             os.chdir(old)
+
+
+def _outside(root: Path) -> list[Path]:
+    """What lies in the example's sandbox beside its folder and the folders above it."""
+    return [p for p in root.parents[DEPTH].rglob("*") if p != root and root not in p.parents and p not in root.parents]
 
 
 def _holds(capsys, argv, root: Path, codes=(0, 1, 2)) -> int:
@@ -85,6 +100,7 @@ def _holds(capsys, argv, root: Path, codes=(0, 1, 2)) -> int:
         assert len(lines) == 1 and lines[0].startswith("autotune: error: "), (argv, err)
     after = _snapshot(root)
     assert {p: h for p, h in after.items() if p in before} == before, argv
+    assert not _outside(root), (argv, _outside(root))
     return rc
 
 
@@ -263,10 +279,36 @@ def _paths(node, prefix=()):
 PROV_PATHS = sorted({p for p in _paths(PROV) if "per_M" not in p or len(p) <= 4}, key=str)
 
 
+# names a provenance may give its files: climbing out, absolute, with separators, empty
+names = st.one_of(
+    st.builds(lambda ups, tail: "../" * ups + tail, st.integers(1, DEPTH + 4),
+              st.sampled_from(["escaped.json", "x/escaped.json", "", ".."])),
+    st.sampled_from([f"{SANDBOX}/escaped.json", f"{SANDBOX}/up0/x.json", "a/b.json", "a\\b.json", "..\\escaped.json",
+                     "configs/../../escaped.json", "./x.json", ".", "..", "", "/"]),
+    st.text(alphabet="./\\ab", max_size=8))
+
+
+def _rename(prov, draw) -> None:
+    """One file name of `prov` (a tuned file's, its `_down` file's, its Triton version's or an
+    overlay path) replaced by a drawn one."""
+    where, name = draw(st.sampled_from(["key", "down_file", "triton", "overlay"])), draw(names)
+    overlay, files = prov.get("shipped_overlay"), prov.get("files")
+    if where == "overlay" and isinstance(overlay, dict) and isinstance(overlay.get("files"), list):
+        overlay["files"].insert(0, name)
+    elif isinstance(files, dict) and files:
+        key = draw(st.sampled_from(sorted(files)))
+        if where == "key":
+            files[name] = files.pop(key)
+        elif isinstance(files[key], dict):
+            files[key][where] = name
+
+
 @st.composite
-def provenances(draw):
+def provenances(draw, shapes=True):
+    """PROV with parts dropped or set to drawn values and file names replaced (`shapes=False`: names only)."""
     prov = json.loads(json.dumps(PROV))
-    for _ in range(draw(st.integers(1, 3))):
+    renames = draw(st.integers(0 if shapes else 1, 2))      # a renamed file alone: the rest as export wrote it
+    for _ in range(draw(st.integers(0 if renames else 1, 3)) if shapes else 0):
         path = draw(st.sampled_from(PROV_PATHS))
         node = prov
         for k in path[:-1]:
@@ -276,7 +318,9 @@ def provenances(draw):
                 node.pop(path[-1], None)
             else:
                 node[path[-1]] = draw(values)
-    return draw(st.one_of(st.just(prov), st.just(prov), st.just(prov), values))
+    for _ in range(renames):
+        _rename(prov, draw)
+    return draw(st.one_of(st.just(prov), st.just(prov), st.just(prov), values)) if shapes else prov
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -284,23 +328,44 @@ def test_provenance(tier, capsys):
     @_settings(tier, 15)
     @given(provenances(), st.sampled_from(["check", "only-drifted", "publish"]))
     def prop(prov, command):
-        with _example() as root:
-            folder = root / "NVIDIA_H200"
-            shutil.copytree(PROVENANCE_FOLDER, folder)
-            (folder / "provenance.json").write_text(json.dumps(prov))
-            if command == "publish":
-                repo = root / "serving"
-                repo.mkdir()
-                import subprocess
-                subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-                subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
-                                "--allow-empty", "-m", "init"], check=True)
-            argv = {"check": ["check", folder, "--sglang-version", "0.5.23"],
-                    "only-drifted": ["run", "--only-drifted", folder, "--replay", GRID, "--dry-run",
-                                     "--sglang-version", "0.5.16"],
-                    "publish": ["publish", "--to", root / "serving", "--from", folder]}[command]
-            _holds(capsys, argv, root)
+        _provenance_holds(capsys, prov, command)
     prop()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_provenance_names(tier, capsys):
+    """Only the names: the rest of the folder is as export left it, so publish gets as far as writing."""
+    @_settings(tier, 10)
+    @given(provenances(shapes=False), st.sampled_from(["check", "publish", "publish"]))
+    def prop(prov, command):
+        _provenance_holds(capsys, prov, command)
+    prop()
+
+
+def _provenance_holds(capsys, prov, command):
+    """The invariant for `command` on the committed H200 folder with `prov` as its provenance.json;
+    a refused publish also leaves the serving repo on its branch, clean, with no other branch."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root / "serving"), *args], capture_output=True, text=True).stdout
+    with _example() as root:
+        folder = root / "NVIDIA_H200"
+        shutil.copytree(PROVENANCE_FOLDER, folder)
+        (folder / "provenance.json").write_text(json.dumps(prov).replace(SANDBOX, str(root.parents[DEPTH])))
+        if command == "publish":
+            repo = root / "serving"
+            repo.mkdir()
+            subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+            subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                            "--allow-empty", "-m", "init"], check=True)
+        argv = {"check": ["check", folder, "--sglang-version", "0.5.23"],
+                "only-drifted": ["run", "--only-drifted", folder, "--replay", GRID, "--dry-run",
+                                 "--sglang-version", "0.5.16"],
+                "publish": ["publish", "--to", root / "serving", "--from", folder]}[command]
+        rc = _holds(capsys, argv, root)
+        if command == "publish" and rc != 0:        # refused: the serving repo as it was
+            assert (git("branch", "--list"), git("status", "--porcelain", "--ignored")) == ("* main\n", ""), argv
 
 
 # --- the files of a tuned folder ---------------------------------------------------------------------

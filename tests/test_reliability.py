@@ -220,7 +220,59 @@ CASES = {
                                                  "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
     "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
                                      "not valid JSON"),
+    # issue 23, second sweep: the names a tuned folder gives publish (t/victim.json is where they reached)
+    "publish-provenance-name-traversal": (lambda t: _publish_edited(t, _rename_up(f"{OUT_OF_SERVING}victim.json")),
+                                          2, "files: '../../../../../victim.json' is not a plain file name"),
+    "publish-down-file-traversal": (lambda t: _publish_edited(t, _set_up("down_file", str(t / "victim.json"))),
+                                    2, "down_file: '/"),
+    "publish-listed-file-missing": (lambda t: _publish_edited(t, lambda folder, prov: _up_file(folder).unlink()),
+                                    2, "(its entry names Triton 3.6.0) but missing: re-export the folder"),
+    "publish-triton-mismatch-missing": (lambda t: _publish_edited(t, _set_up("triton", "3.5.1")),
+                                        2, "configs/triton_3_5_1/E=512,N=128,device_name=NVIDIA_RTX_PRO_6000_Blackwell"
+                                           "_Server_Edition.json is listed in"),
+    "publish-refused-leaves-repo-as-it-was": (lambda t: _publish_edited(t, _no_backend_choices), 2,
+                                              "holds no backend choices"),
+    "publish-overlay-traversal": (lambda t: _publish_edited(t, lambda folder, prov: prov.update(
+        shipped_overlay={"files": ["../../../victim.json"]})), 2,
+        "shipped_overlay.files.0: '../../../victim.json' is not a path inside the folder"),
 }
+
+# from a serving repo's configs/triton_*/ folder up to the test's temp folder
+OUT_OF_SERVING = "../" * 5
+
+
+def _publish_edited(t: Path, edit) -> list:
+    """publish from a tuned folder `edit(folder, provenance)` changed, into a fresh serving repo; the
+    user's t/victim.json is where a name that reaches out of the serving repo lands."""
+    folder = _tuned(t)
+    (t / "victim.json").write_text('{"mine": true}\n')
+    prov = json.loads((folder / "provenance.json").read_text())
+    edit(folder, prov)
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    return ["publish", "--to", str(_serving(t)), "--from", str(folder)]
+
+
+def _up_file(folder: Path) -> Path:
+    from tests.test_publish import UP
+    return folder / "configs/triton_3_6_0" / UP
+
+
+def _set_up(key, value):
+    def edit(folder, prov):
+        prov["files"][_up_file(folder).name][key] = value
+    return edit
+
+
+def _rename_up(name):
+    def edit(folder, prov):
+        prov["files"][name] = prov["files"].pop(_up_file(folder).name)
+    return edit
+
+
+def _no_backend_choices(folder: Path, prov: dict) -> None:
+    """A backend_choice.json of no family: it used to be refused after the branch was made."""
+    from tests.test_publish import DEV
+    (folder / "backend_choice.json").write_text(json.dumps({"device": DEV.to_dict(), "families": {}}))
 
 
 def _deep(open_: str, close: str, depth: int = 100_000) -> str:
@@ -352,6 +404,80 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, capsys, case):
     assert not [p for p in after if p.suffix == ".json" and p not in before]   # no tuned file written
     if case == "no-gpu-no-replay":
         assert not (tmp_path / "out").exists()                              # not even an empty folder
+
+
+def _git_state(repo: Path) -> tuple:
+    """What a refused publish must leave as it was: the branch (or commit) checked out, every branch,
+    the index and working tree (new files, ignored ones too), and every file's content."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout
+    return (git("symbolic-ref", "-q", "HEAD"), git("rev-parse", "HEAD"), git("branch", "--list", "-v"),
+            git("status", "--porcelain", "--ignored", "--untracked-files=all"),
+            {p: h for p, h in _snapshot(repo).items() if ".git" not in p.relative_to(repo).parts})
+
+
+PUBLISH_CASES = [c for c in CASES if c.startswith("publish-")]
+
+
+@pytest.mark.parametrize("case", PUBLISH_CASES)
+def test_a_refused_publish_leaves_the_serving_repo_as_it_was(tmp_path, capsys, case):
+    argv_of, code, says = CASES[case]
+    argv = argv_of(tmp_path)
+    repo, before = tmp_path / "serving", _snapshot(tmp_path)
+    state = _git_state(repo)
+    assert main(argv) == code
+    assert says in capsys.readouterr().err
+    assert _git_state(repo) == state
+    outside = {p: h for p, h in before.items() if repo not in p.parents}
+    assert {p: h for p, h in _snapshot(tmp_path).items() if repo not in p.parents} == outside
+
+
+def _refuse_commits(repo: Path) -> None:
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text("#!/bin/sh\necho 'pre-commit: no commit without a review' >&2\nexit 1\n")
+    hook.chmod(0o755)
+
+
+def _interrupt_after_one_file(monkeypatch):
+    """Ctrl-C after publish wrote its first file into the serving repo."""
+    import autotune.publish as publish
+    from autotune.fsutil import write_bytes
+
+    def write_all(files):
+        path, (data, _) = next(iter(files.items()))
+        write_bytes(path, data)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(publish, "write_all", write_all)
+
+
+@pytest.mark.parametrize("failure", ["commit-hook", "ctrl-c-mid-write"])
+def test_a_publish_that_fails_after_its_branch_is_made_puts_the_repo_back(tmp_path, capsys, monkeypatch, failure):
+    """The serving repo already holds an earlier publish (merged into main), so the second one
+    changes tracked files and adds new ones before it fails: every one is put back, the branch too."""
+    import subprocess
+    from tests.test_publish import tuned
+
+    repo = _serving(tmp_path)
+    assert main(["publish", "--to", str(repo), "--from", str(tuned(tmp_path, "first", {1: 10.0})), "--branch", "t1"]) == 0
+    for args in (["checkout", "-q", "main"], ["merge", "-q", "t1"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    src = tuned(tmp_path, "second", {1: 5.0, 64: 50.0})       # faster at M=1, and a new M
+    state = _git_state(repo)
+    capsys.readouterr()
+    if failure == "commit-hook":
+        _refuse_commits(repo)
+        assert main(["publish", "--to", str(repo), "--from", str(src), "--branch", "t2"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("autotune: error: git commit failed in ") and \
+            err[0].endswith("pre-commit: no commit without a review"), err
+    else:
+        _interrupt_after_one_file(monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            from autotune.publish import publish
+            publish(src, str(repo), "t2")
+    assert _git_state(repo) == state
 
 
 def _doc_rows() -> dict[str, list[str]]:

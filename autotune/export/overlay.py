@@ -19,10 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo
-from ..fsutil import copy_file, sha256, write_json
+from ..fsutil import copy_file, inside, sha256, write_json
 from ..sglang_versions import valid_releases
 from .provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
 from ..reading import load_json
+
 
 def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
     """An earlier overlay's copy, unchanged since (a copy edited by hand is the user's now)."""
@@ -50,8 +51,9 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
     tma = tma_capable(device)
-    old = prov.get(OVERLAY, {}).get("files", [])
-    old_sha = prov.get(OVERLAY, {}).get("sha256", {})
+    old = (prov.get(OVERLAY) or {}).get("files", [])
+    old_paths = {rel: inside(folder, rel) for rel in old}      # each checked before anything is copied
+    old_sha = (prov.get(OVERLAY) or {}).get("sha256", {})
     copied, skipped, hashes = [], {}, {}
     tags = {f"device_name={n.replace(' ', '_')}," for n in (device.name, *sku_names)}
     for src in sorted(src_root.glob("triton_*/*.json")):
@@ -77,7 +79,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
         copied.append(rel)
         hashes[rel] = sha256(dst)
     for rel in set(old) - set(copied):              # an earlier overlay's copy no longer wanted
-        p = folder / rel
+        p = old_paths[rel]
         if p.name not in ours and p.exists() and _still_ours(p, rel, old, old_sha):
             p.unlink()
     record = {"sglang": sglang_version or installed(), "source": _shown(src_root), "targets": list(targets),

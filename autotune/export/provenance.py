@@ -37,8 +37,11 @@ def read_folder_provenance(device_folder: str | Path) -> dict | None:
     return prov
 
 
-def ours_in(prov: dict | None):
-    """The files a device folder's provenance calls ours: tuned files, their SKU copies, the overlay."""
-    prov = prov or {}
-    overlay = (prov.get(OVERLAY) or {}).get("files", []) if isinstance(prov.get(OVERLAY), dict) else []
-    return listed(tuned_names(prov) | {str(r) for r in overlay})
+def ours_in(prov: dict | None, device_folder: str | Path):
+    """The files a device folder's provenance calls ours, each at the one place it lists: tuned files
+    in their Triton folder, their SKU copies, the overlay's copies."""
+    from ..config_files import listed_files
+
+    folder = Path(device_folder)
+    paths = [path for path, _, _ in listed_files(folder, prov or {}).values()]
+    return listed([p.relative_to(folder).as_posix() for p in paths if folder in p.parents], folder)

@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import families as registry
 from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
-from ..fsutil import json_with, write_atomic, write_json
+from ..fsutil import Files, json_bytes, json_with, write_all
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 from ..reading import load_json, parse_yaml, read_text
 
@@ -217,10 +217,9 @@ def _render_checked(details: dict, path: Path) -> str:
                            f"({type(e).__name__}: {e}); move it away to start this folder afresh") from None
 
 
-def check_folder(out: str | Path, device: DeviceInfo, exact: bool = False) -> None:
-    """Raises ChoicesError where `out`/<device> (`exact`: `out`) holds a backend_choice.json a run
-    could not merge into."""
-    folder = Path(out) if exact else Path(out) / device.file_name
+def check_folder(out: str | Path, device: DeviceInfo) -> None:
+    """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
+    folder = Path(out) / device.file_name
     old = _existing(folder, device)
     if old:
         _render_checked({"date": "", **old}, folder / SERVER_ARGS)
@@ -232,12 +231,14 @@ def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str |
     """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) into
     `out`/<device>'s backend_choice.json, replacing those families and keeping the others, and render
     server_args.yaml from the result. Returns the YAML path."""
-    return merge_into(Path(out) / device.file_name, device, families, checkpoint)
+    folder = Path(out) / device.file_name
+    write_all(_merged(folder, device, families, checkpoint))
+    return folder / SERVER_ARGS
 
 
-def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
-    """`merge` into exactly `folder` (a serving repo's folder need not be named after the device)."""
-    folder = Path(folder)
+def _merged(folder: Path, device: DeviceInfo, families: dict, checkpoint: str | None) -> Files:
+    """backend_choice.json and server_args.yaml of `families` merged into `folder`, in memory: every
+    refusal (ChoicesError) comes before anything is written."""
     old = _existing(folder, device)
     check_kinds(old, families, folder / DETAILS)
     merged = {**old.get("families", {}), **families}
@@ -251,11 +252,8 @@ def merge_into(folder: str | Path, device: DeviceInfo, families: dict, checkpoin
     keep = checkpoint or (new_moe[0] if new_moe else None) or old.get("checkpoint")
     details = {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES),
                "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
-    path = folder / SERVER_ARGS
-    text = _render_checked(details, path)
-    write_json(folder / DETAILS, details, ours=DETAILS_OURS)
-    write_atomic(path, text)           # every line the user wrote is in `text`
-    return path
+    text = _render_checked(details, folder / SERVER_ARGS)      # every line the user wrote is in it
+    return {folder / DETAILS: (json_bytes(details), DETAILS_OURS), folder / SERVER_ARGS: (text.encode(), None)}
 
 
 def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerChoice], object]],
@@ -272,15 +270,20 @@ def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerCh
     return merge(out, device, families, moe_family)
 
 
-def merge_folder(src: str | Path, out: str | Path, exact: bool = False) -> Path:
-    """Fold another folder's (or backend_choice.json's) families into `out`/<device> (`exact`: into
-    `out` itself): how the results of separate runs on one GPU model (one per kernel family, say)
-    become one file, and how publish adds ours to a serving repo's."""
-    src = Path(src)
+def merge_folder(src: str | Path, out: str | Path) -> Path:
+    """Fold another folder's (or backend_choice.json's) families into `out`/<device>: how the results
+    of separate runs on one GPU model (one per kernel family, say) become one file."""
     other = read_source(src)
     device = DeviceInfo.from_dict(other["device"])
-    return (merge_into(out, device, other["families"], other.get("checkpoint")) if exact
-            else merge(out, device, other["families"], other.get("checkpoint")))
+    return merge(out, device, other["families"], other.get("checkpoint"))
+
+
+def merged_from(src: str | Path, folder: str | Path) -> Files:
+    """Another folder's families merged into exactly `folder` (a serving repo's folder need not be
+    named after the device), in memory: publish writes it with its other files once all are checked."""
+    other = read_source(src)
+    device = DeviceInfo.from_dict(other["device"])
+    return _merged(Path(folder), device, other["families"], other.get("checkpoint"))
 
 
 def read_source(src: str | Path) -> dict:

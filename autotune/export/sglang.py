@@ -19,6 +19,7 @@ from ..kernels.sglang_loader import sglang_file_name
 from ..records import canonical
 from ..finalists import Choice
 from ..sglang_versions import config_problem, valid_releases
+from ..config_files import config_folder
 from .provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
 
@@ -27,8 +28,7 @@ class ExportError(ValueError):
 
 
 def config_dir(out: str | Path, device: DeviceInfo) -> Path:
-    version = device.versions.get("triton", "unknown").replace(".", "_")
-    return Path(out) / device.file_name / "configs" / f"triton_{version}"
+    return Path(out) / device.file_name / config_folder(device.versions.get("triton"))
 
 
 def _sglang_entry(config: dict) -> dict:
@@ -41,7 +41,7 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     measured another way."""
     folder = config_dir(out, device)
     prov = read_folder_provenance(Path(out) / device.file_name) or {"files": {}}
-    ours = ours_in(prov)
+    ours = ours_in(prov, Path(out) / device.file_name)
     tag = f"device_name={device.file_name}"
     for problem in problems:
         names = (sglang_file_name(problem, device), sglang_file_name(problem, device, down=True))
@@ -95,7 +95,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     folder = config_dir(out, device)
     prov_path = Path(out) / device.file_name / PROVENANCE
     prov = read_folder_provenance(prov_path.parent) or {"device": device.to_dict(), "files": {}}
-    ours = ours_in(prov)
+    ours = ours_in(prov, prov_path.parent)
     up_name = sglang_file_name(problem, device)
     down_name = sglang_file_name(problem, device, down=True)
     old_entry = prov["files"].get(up_name, {})

@@ -49,12 +49,13 @@ def same_chip(a: str, b: str) -> bool | None:
 
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
     """Write each of the folder's tuned files again under each SKU name; returns the files written."""
+    from ..config_files import config_folder
     from .provenance import PROVENANCE_OURS, ours_in, read_folder_provenance
 
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"
     prov = read_folder_provenance(folder) or {}
-    ours = ours_in(prov)
+    ours = ours_in(prov, folder)
     src_tag = f"device_name={measured_name.replace(' ', '_')}"
     written = []
     for name in names:
@@ -64,7 +65,7 @@ def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str
         for up, entry in list(prov.get("files", {}).items()):
             if src_tag not in up or entry.get("measured_on_sku"):
                 continue                      # only files measured here are copied
-            triton_dir = folder / "configs" / f"triton_{str(entry.get('triton')).replace('.', '_')}"
+            triton_dir = folder / config_folder(entry.get("triton"))
             new_up, new_down = up.replace(src_tag, tag), entry["down_file"].replace(src_tag, tag)
             for old, new in ((up, new_up), (entry["down_file"], new_down)):
                 copy_file(triton_dir / old, triton_dir / new, ours=ours)

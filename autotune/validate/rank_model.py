@@ -181,7 +181,7 @@ def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None =
         before = read_json(folder / MANIFEST, default=None) or {}
     except ValueError:
         before = {}
-    ours = listed(before.get("files") or [] if isinstance(before.get("files"), list) else [])
+    ours = listed(before.get("files") or [] if isinstance(before.get("files"), list) else [], folder)
     for name in names:                         # all refused before any is written
         claim(folder / name, ours)
     write_json(folder / "config.json", cfg, indent=1)
