@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import families
-from .errors import UsageError
+from .errors import NothingDone, UsageError
 
 
 @dataclass
@@ -135,12 +135,20 @@ def run(req: RunRequest) -> RunResult:
     run_outputs.check_record_device(req.record, device)
     from .scope import scope
     if req.dry_run:
+        if pool is not None:
+            pool.close()
+        run_outputs.refuse_nothing_to_tune(plans)
         print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
               + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
               .get(device.kind, ""))
     for line in scope(plans, selection(req)[1], req.trials or 40, req.neighbours, req.budget, cache, device).lines:
         print(line)
     if req.dry_run:
+        for fp in plans:           # what the run would leave out, as the run says it
+            if fp.unsupported:
+                print(f"not on this device: {fp.name}: {fp.unsupported}")
+            for p, why in ([] if fp.unsupported else fp.skipped):
+                print(f"skip {fp.name} {p.key}: {why}")
         for line in run_outputs.default_scope_note(req):
             print(line)
         return RunResult()
@@ -174,6 +182,10 @@ def run(req: RunRequest) -> RunResult:
         if steps.get(families.BACKENDS):
             from .run_backends import run_backend_choice
             run_backend_choice(req, steps[families.BACKENDS], device, pool, storage, run_name, summary)
+            if summary.get("backends_chosen") is False and not steps.get(families.CONFIGS):
+                raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[families.BACKENDS])
+                                  + " ran correctly at a measured batch size: nothing written (the tables above "
+                                  "say why; --skip-backends may have left out the ones that run)")
     run_outputs.write_summary(req, device, summary)
     return RunResult(summary, str(Path(req.out) / device.file_name))
 

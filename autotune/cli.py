@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from . import api, cli_parser
-from .cli_common import EXIT_BAD_INPUT, EXIT_STORAGE_LOST
-from .errors import UsageError
+from .cli_common import EXIT_BAD_INPUT, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+from .errors import NothingDone, UsageError
 
 
 # --- the commands that measure: a request from the flags, the library call (autotune.api) -------
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         import importlib
 
         import optuna
-        importlib.import_module("autotune.study")    # it quietens Optuna on import: first
+        importlib.import_module("autotune.storage")    # it quietens Optuna on import: first
         optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
         with forcing(getattr(args, "force", False)):
@@ -68,6 +68,9 @@ def main(argv=None) -> int:
     except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except NothingDone as e:
+        print(f"autotune: {one_line(e)}", file=sys.stderr)
+        return EXIT_NOTHING_DONE
     except Exception as e:
         import optuna
         import sqlalchemy.exc

@@ -7,6 +7,7 @@ import argparse
 from . import inputs
 from .models import MAX_BATCH
 
+EXIT_NOTHING_DONE = 1
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE_LOST = 3
 

@@ -3,3 +3,8 @@
 
 class UsageError(Exception):
     """Bad input: one line on stderr, exit code 2."""
+
+
+class NothingDone(Exception):
+    """The run went through and nothing useful came of it (no backend ran correctly anywhere): one line
+    on stderr, exit code 1, and no file written for it (exit 0 means something useful was written)."""

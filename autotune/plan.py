@@ -29,13 +29,21 @@ class FamilyPlan:
 
 
 def parse_kernels(text: str | None) -> list[str]:
+    """The families --kernels names, each once; `all` (alone) or no flag: every family."""
     known = families.names()
-    if not text or text == "all":
+    if text is None or text.strip() == "all":
         return list(known)
     names = [k.strip() for k in text.split(",") if k.strip()]
+    if not names:
+        raise PlanError(f"--kernels names no kernel family (got {text!r}); known: {', '.join(known)}, all")
+    if "all" in names:
+        raise PlanError(f"--kernels {text!r}: 'all' is every family, on its own; name families or all")
     bad = [k for k in names if k not in known]
     if bad:
         raise PlanError(f"unknown kernel family {', '.join(map(repr, bad))}; known: {', '.join(known)}, all")
+    twice = sorted({k for k in names if names.count(k) > 1})
+    if twice:
+        raise PlanError(f"--kernels lists {', '.join(twice)} twice; each family is tuned once")
     return names
 
 

@@ -75,6 +75,13 @@ def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dic
         write_tactic_files(req.out, device, fp.family, tuners, per_problem, summary)
         summary[f"{fp.name} server"] = {c.mix: c.backend for c in (chosen, other)}
         summary[f"{fp.name} auto"] = chosen.auto_line
+    if not any(c.backend for chosen, _ in results for c in chosen):
+        # Nothing to tell SGLang: the user's server_args.yaml is left as it was, not given a block
+        # that only says "SGLang's default stays".
+        summary["backends_chosen"] = False
+        print("\nserver_args.yaml not written: no backend ran correctly at a measured batch size of "
+              + ", ".join(fam.name for _, fam in results))
+        return
     try:
         path = server_args.write(req.out, device, results, req.checkpoint, details)
     except server_args.ChoicesError as e:

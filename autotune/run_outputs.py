@@ -37,15 +37,25 @@ def outputs_then_storage(req, device, pool, plans, skus, run_name, read_first=No
     """In this order, so that a refusal changes nothing: something to tune, every output writable
     by us, then the storage opened and claimed. The pool is closed on a refusal."""
     try:
-        if not any(fp.problems for fp in plans):
-            raise UsageError("nothing to tune on this device: " + "; ".join(
-                f"{fp.name}: {fp.unsupported or 'no problems'}" for fp in plans))
+        refuse_nothing_to_tune(plans)
         check_outputs(req, device, plans, skus)
         return open_storage_claimed(req, device, run_name, read_first=read_first)
     except BaseException:
         if pool is not None:
             pool.close()
         raise
+
+
+def refuse_nothing_to_tune(plans) -> None:
+    """A plan with no problem in any family: one line naming why for each (the run and its dry run)."""
+    if not any(fp.problems for fp in plans):
+        raise UsageError("nothing to tune on this device: " + "; ".join(
+            f"{fp.name}: {fp.unsupported or _why_none(fp)}" for fp in plans))
+
+
+def _why_none(fp) -> str:
+    whys = sorted({why for _, why in fp.skipped})
+    return "; ".join(whys[:2]) if whys else "no problems"
 
 
 def check_outputs(req, device, plans, skus=()) -> None:

@@ -15,6 +15,10 @@ import optuna
 
 from .records import INVALID, Measurement, config_key
 
+# Optuna's INFO lines ("A new study created in RDB ...") are not the run's to print: quiet from the
+# first storage opened (--log-level debug turns them back on).
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
 ATTR = "measurement"          # the trial attribute holding its Measurement (records.Measurement.to_dict)
 
 

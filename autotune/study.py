@@ -33,7 +33,6 @@ from .storage import ATTR, Store, config_study_name, fail_reason
 from .tasks import Task, run_tasks
 from .warm_start import fit
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @dataclass

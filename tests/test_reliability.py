@@ -220,6 +220,17 @@ CASES = {
                                                  "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
     "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
                                      "not valid JSON"),
+    "kernels-only-commas": (lambda t: _run(t) + ["--kernels", ","], 2, "--kernels names no kernel family (got ',')"),
+    "kernels-all-and-a-family": (lambda t: _run(t) + ["--kernels", "all,triton_moe"], 2,
+                                 "'all' is every family, on its own"),
+    "kernels-repeated": (lambda t: _run(t) + ["--kernels", "triton_moe,triton_moe"], 2,
+                         "--kernels lists triton_moe twice"),
+    "block-fp8-shape-sglang-refuses": (lambda t: ["run", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "moe_intermediate_size": 100})), "--tp", "1", "--dtype", "fp8_w8a8_block", "--kernels",
+        "triton_moe", "--dry-run", "--target-device", "NVIDIA H200"], 2,
+        "SGLang refuses block-FP8 MoE weights whose intermediate size per rank (100) is not divisible"),
+    "skip-backends-leaves-none-that-ran": (lambda t: [*_backends_run(t), "--skip-backends", "moe_bf16:triton"], 1,
+                                           "no backend of moe_bf16 ran correctly at a measured batch size"),
     # issue 23, second sweep: the names a tuned folder gives publish (t/victim.json is where they reached)
     "publish-provenance-name-traversal": (lambda t: _publish_edited(t, _rename_up(f"{OUT_OF_SERVING}victim.json")),
                                           2, "files: '../../../../../victim.json' is not a plain file name"),
@@ -273,6 +284,16 @@ def _no_backend_choices(folder: Path, prov: dict) -> None:
     """A backend_choice.json of no family: it used to be refused after the branch was made."""
     from tests.test_publish import DEV
     (folder / "backend_choice.json").write_text(json.dumps({"device": DEV.to_dict(), "families": {}}))
+
+
+def _backends_run(t: Path) -> list:
+    """A moe_bf16 run on the H200 backend recording into a folder holding the user's server_args.yaml."""
+    folder = t / "out" / "NVIDIA_H200"
+    folder.mkdir(parents=True)
+    (folder / "server_args.yaml").write_text("tp-size: 8\nmem-fraction-static: 0.85\n")
+    return ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "moe_bf16", "--replay",
+            str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"), "--batch-sizes", "1", "--quiet",
+            "--out", str(t / "out"), "--storage", f"sqlite:///{t / 'a.db'}"]
 
 
 def _deep(open_: str, close: str, depth: int = 100_000) -> str:
@@ -398,7 +419,7 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, capsys, case):
     rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == code, err
-    assert len(err) == 1 and err[0].startswith("autotune: error: ") and says in err[0], err
+    assert len(err) == 1 and err[0].startswith("autotune: error: " if code == 2 else "autotune: ") and says in err[0], err
     after = _snapshot(tmp_path)
     assert {p: h for p, h in after.items() if p in before} == before       # nothing that existed changed
     assert not [p for p in after if p.suffix == ".json" and p not in before]   # no tuned file written

@@ -98,6 +98,10 @@ class TritonMoe:
     def unsupported_reason(self, problem: Problem, device: DeviceInfo) -> str | None:
         if problem.dtype == "nvfp4":
             return "SGLang's Triton fused MoE has no NVFP4 path (see the moe_fp4 family)"
+        if problem.block_shape and problem.N % problem.block_shape[0]:
+            # SGLang's Fp8MoEMethod.create_weights refuses the layer (the scales' blocks would straddle shards)
+            return (f"SGLang refuses block-FP8 MoE weights whose intermediate size per rank ({problem.N}) is not "
+                    f"divisible by the {problem.block_shape[0]}x{problem.block_shape[1]} weight block")
         if device.kind == "cpu-interpreter":
             return None if problem.dtype == "bf16" else f"{problem.dtype} does not run in Triton's CPU interpreter"
         if device.sm < 80:
