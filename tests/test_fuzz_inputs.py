@@ -149,6 +149,76 @@ def test_model_configs(tier, capsys):
     prop()
 
 
+# --- what is handed as an input file: any kind of file, any nesting ---------------------------------
+
+INPUT_FLAGS = {   # flag -> the command it is given to (each reads the file before anything else)
+    "--model-config": ["shapes", "--tp", "8"],
+    "--search-space": ["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "8"],
+    "--replay": ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                 "--batch-sizes", "8", "--quiet", "--out", "out", "--storage", "sqlite:///a.db"],
+    "--warm-start": ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+                     "--batch-sizes", "8", "--quiet", "--out", "out", "--storage", "sqlite:///a.db", "--replay", str(GRID)],
+}
+
+
+def _nested(kind: str, depth: int) -> str:
+    return {"json-objects": '{"a": ' * depth + "1" + "}" * depth, "json-lists": "[" * depth + "]" * depth,
+            "yaml-block": "".join("  " * i + "a:\n" for i in range(min(depth, 3000))) + "  " * min(depth, 3000) + "1\n",
+            "yaml-flow": "x: " + "[" * depth + "]" * depth + "\n"}[kind]
+
+
+@st.composite
+def input_files(draw):
+    """(kind, maker): a FIFO, a link to nothing, a folder, a device, an empty or binary file, a document
+    nested up to 200000 deep, alone or as one line of a recording after a real header."""
+    kind = draw(st.sampled_from(["fifo", "dangling-link", "folder", "dev-null", "empty", "binary", "nested",
+                                 "nested-record", "folder-with-fifo-config"]))
+    depth = draw(st.sampled_from([50, 1000, 5000, 200_000]))
+    nest = draw(st.sampled_from(["json-objects", "json-lists", "yaml-block", "yaml-flow"]))
+
+    def make(path: Path) -> Path:
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dangling-link":
+            path.symlink_to(path.parent / "gone")
+        elif kind == "folder":
+            path.mkdir()
+        elif kind == "dev-null":
+            path.symlink_to("/dev/null")
+        elif kind == "empty":
+            path.write_text("")
+        elif kind == "binary":
+            path.write_bytes(b"\x1f\x8b\x08\x00\xff" + bytes(range(256)))
+        elif kind == "nested":
+            path.write_text(_nested(nest, depth))
+        elif kind == "nested-record":
+            with gzip.open(GRID, "rt") as f:
+                header = f.readline()
+            with gzip.open(path, "wt") as f:
+                f.write(header + _nested("json-lists" if nest.startswith("yaml") else nest, depth) + "\n")
+        else:
+            path.mkdir()
+            os.mkfifo(path / "config.json")
+        return path
+    return kind, make
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_input_files_of_any_kind(tier, capsys):
+    """Whatever kind of file an input flag names, the command says so in one line (never blocks on a
+    FIFO, never recurses out of the stack), and changes nothing."""
+    @_settings(tier, 20)
+    @given(st.sampled_from(sorted(INPUT_FLAGS)), input_files())
+    def prop(flag, made):
+        kind, make = made
+        with _example() as root:
+            name = {"--search-space": "s.yaml", "--model-config": "config.json"}.get(flag, "r.jsonl.gz")
+            make(root / name)
+            rc = _holds(capsys, [*INPUT_FLAGS[flag][:1], *INPUT_FLAGS[flag][1:], flag, name], root)
+            assert rc == 2, (flag, kind)           # none of these is an input: never "useful output"
+    prop()
+
+
 # --- search spaces ----------------------------------------------------------------------------------
 
 @st.composite
