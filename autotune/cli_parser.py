@@ -46,7 +46,7 @@ def _add_device_args(p) -> None:
     g.add_argument("--worker-log", metavar="FILE", type=inputs.path,
                    help="where measurement processes write (compiler dumps, full errors); default a new file "
                         "in the temp folder, named at the start")
-    g.add_argument("--replay-realtime", type=inputs.number(0), default=0.0,
+    g.add_argument("--replay-realtime", type=inputs.number(0, most=100.0), default=0.0,
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
 
 

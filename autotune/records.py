@@ -221,8 +221,9 @@ def read_cache(path: str | Path) -> Cache:
 
 def _parse_cache(path: Path) -> Cache:
     try:
-        require_regular(path)
-        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        with open(require_regular(path), "rb") as raw:       # gzipped or not by its bytes, whatever its name
+            zipped = raw.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rt") if zipped else open(path) as f:
             header = parse_json(f.readline())
             if header.get("kind") != CACHE_KIND:
                 raise CacheError(f"{path} is not an autotune measurement cache")

@@ -229,6 +229,7 @@ CASES = {
         {**MOE_CONFIG, "moe_intermediate_size": 100})), "--tp", "1", "--dtype", "fp8_w8a8_block", "--kernels",
         "triton_moe", "--dry-run", "--target-device", "NVIDIA H200"], 2,
         "SGLang refuses block-FP8 MoE weights whose intermediate size per rank (100) is not divisible"),
+    "replay-realtime-absurd": (lambda t: _run(t, "--replay-realtime", "1e308"), 2, "--replay-realtime must be at most 100"),
     "skip-backends-leaves-none-that-ran": (lambda t: [*_backends_run(t), "--skip-backends", "moe_bf16:triton"], 1,
                                            "no backend of moe_bf16 ran correctly at a measured batch size"),
     # issue 23, second sweep: the names a tuned folder gives publish (t/victim.json is where they reached)
@@ -549,3 +550,11 @@ def test_an_unwritable_worker_log_is_one_line_before_any_worker_starts(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--worker-log" in err[0] and "not a writable file" in err[0], err
     assert _snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_a_recording_is_read_whatever_its_name(tmp_path, capsys):
+    """merge-caches writes gzip under any name; --replay reads it by its bytes, not its suffix."""
+    assert main(["merge-caches", str(GRID), "-o", str(tmp_path / "m.txt")]) == 0
+    assert (tmp_path / "m.txt").read_bytes()[:2] == b"\x1f\x8b"
+    assert main(_run(tmp_path, replay=False) + ["--replay", str(tmp_path / "m.txt")]) == 0
+    assert list((tmp_path / "out").glob("*/configs/*/*.json"))
