@@ -173,15 +173,21 @@ def build_parser(commands: dict) -> inputs.Parser:
                                        "start-up (one identical file per rank)")
     p.add_argument("folder", type=inputs.path, help="tuned folder holding flashinfer_autotune_cache.json")
     p.add_argument("--model-path", required=True, type=inputs.path, help="the server's --model-path, exactly as given to it")
-    p.add_argument("--tp", type=inputs.count(1), required=True, help="the server's --tp")
-    p.add_argument("--pp", type=inputs.count(1), default=1, help="the server's --pp (default 1)")
-    p.add_argument("--attn-dp", type=inputs.count(1), default=1, help="attention data-parallel size (default 1)")
-    p.add_argument("--ep", type=inputs.count(1), default=1, help="the server's MoE expert-parallel size (default 1)")
-    p.add_argument("--dtype", default="bfloat16", help="the model dtype the server resolves (default bfloat16)")
-    p.add_argument("--quantization", help="SGLang's resolved quantization ('none' for none; default: read from "
-                                          "the model folder's config.json)")
-    p.add_argument("--moe-runner-backend", help="as the server resolves it (default: the folder's server_args.yaml)")
-    p.add_argument("--hf-config-class", help="transformers' config class (default: read from the model folder)")
+    # one rank file per GPU: bounded here; install bounds them by the model's heads and experts, and
+    # checks the names below against the installed SGLang's own lists (importing it is too slow here)
+    gpus = inputs.count(1, inputs.MAX_GPUS)
+    p.add_argument("--tp", type=gpus, required=True, help="the server's --tp")
+    p.add_argument("--pp", type=gpus, default=1, help="the server's --pp (default 1)")
+    p.add_argument("--attn-dp", type=gpus, default=1, help="attention data-parallel size (default 1)")
+    p.add_argument("--ep", type=gpus, default=1, help="the server's MoE expert-parallel size (default 1)")
+    p.add_argument("--dtype", default="bfloat16", help="the model dtype the server resolves, one of SGLang's "
+                                                       "--dtype values but auto (default bfloat16)")
+    p.add_argument("--quantization", help="SGLang's resolved quantization, one of its --quantization values "
+                                          "('none' for none; default: read from the model folder's config.json)")
+    p.add_argument("--moe-runner-backend", help="as the server resolves it, one of SGLang's --moe-runner-backend "
+                                                "values (default: the folder's server_args.yaml)")
+    p.add_argument("--hf-config-class", help="transformers' (or SGLang's) config class (default: read from the "
+                                             "model folder)")
     p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
     p.add_argument("--cache-dir", type=inputs.path, help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
     inputs.add_force(p)
@@ -191,8 +197,9 @@ def build_parser(commands: dict) -> inputs.Parser:
                                           "(SGLang serves it on one GPU with --load-format dummy)")
     p.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
     p.add_argument("--model-config", type=inputs.path, help="any HF config.json (or its folder)")
-    p.add_argument("--tp", type=inputs.count(1), required=True, help="the deployment's tensor-parallel size")
-    p.add_argument("--layers", type=inputs.count(1), help="keep only this many layers (default: all)")
+    p.add_argument("--tp", type=inputs.count(1, inputs.MAX_GPUS), required=True,
+                   help="the deployment's tensor-parallel size")
+    p.add_argument("--layers", type=inputs.count(1), help="keep only this many of the model's layers (default: all)")
     p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
     p.add_argument("--out", required=True, type=inputs.path, help="folder to write")
     inputs.add_force(p)

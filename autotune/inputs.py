@@ -17,6 +17,9 @@ import shutil
 # argparse shows these names in its own messages ("invalid count value"): we say what is wrong instead.
 DURATION_FORMS = "90s, 20m or 1.5h"
 _UNITS = {"s": 1, "m": 60, "h": 3600}
+# The most GPUs one server spans (its tp x pp ranks, one file each for install): far above any
+# deployment, far below the thousands of files a typo's --tp 5000 wrote.
+MAX_GPUS = 1024
 
 
 class BadInput(Exception):

@@ -37,7 +37,8 @@ def model_folder(tmp_path: Path) -> Path:
     return out
 
 
-def sglang_path(cache_dir, model, tp_rank, tp=2):
+def sglang_path(cache_dir, model, tp_rank, tp=2, runner="flashinfer_cutlass", dtype=torch.bfloat16,
+                quantization="modelopt_fp4"):
     """SGLang 0.5.23's own flashinfer_autotune_cache_path for this server."""
     from types import SimpleNamespace
 
@@ -48,13 +49,13 @@ def sglang_path(cache_dir, model, tp_rank, tp=2):
                                dp_rank=None)
     ns.update(torch=SimpleNamespace(cuda=SimpleNamespace(get_device_capability=lambda device: divmod(SM, 10))),
               envs=SimpleNamespace(SGLANG_CACHE_DIR=SimpleNamespace(get=lambda: str(cache_dir))),
-              get_model=lambda: SimpleNamespace(model_path=str(model), quantization="modelopt_fp4"),
-              get_exec=lambda: SimpleNamespace(moe=SimpleNamespace(moe_runner_backend="flashinfer_cutlass"),
+              get_model=lambda: SimpleNamespace(model_path=str(model), quantization=quantization),
+              get_exec=lambda: SimpleNamespace(moe=SimpleNamespace(moe_runner_backend=runner),
                                                kernel=SimpleNamespace(flashinfer_autotune_skip_ops=[])),
               get_parallel=lambda: parallel)
-    mr = SimpleNamespace(device="cuda", dtype=torch.bfloat16, is_draft_worker=False,
+    mr = SimpleNamespace(device="cuda", dtype=dtype, is_draft_worker=False,
                          model_config=SimpleNamespace(hf_config=AutoConfig.from_pretrained(str(model)),
-                                                      quantization="modelopt_fp4"))
+                                                      quantization=quantization))
     return ns["flashinfer_autotune_cache_path"](mr)
 
 
@@ -112,3 +113,29 @@ def test_bad_input_is_one_line(tmp_path, capsys, case, message):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not cache.exists()
+
+
+def test_every_value_sglang_takes_is_installed_where_sglang_reads_it(tmp_path, capsys):
+    """install checks --moe-runner-backend, --quantization and --dtype against the installed SGLang's
+    own parser: each of its real values is still taken (a new release's too: the lists are SGLang's),
+    and lands where SGLang's path code looks (--dtype half is torch.float16 there)."""
+    from autotune.validate.sglang_commands import SERVER_MODULE
+    from autotune.validate.sglang_parsers import sglang_parser
+
+    actions = sglang_parser(SERVER_MODULE).parser._option_string_actions
+    folder, model, cache = tuned_folder(tmp_path), model_folder(tmp_path), tmp_path / "cache"
+    base = ["install", str(folder), "--model-path", str(model), "--tp", "2", "--cache-dir", str(cache)]
+    assert "flashinfer_cutlass" in actions["--moe-runner-backend"].choices
+    for runner in actions["--moe-runner-backend"].choices:
+        if runner == "flashinfer_megamoe":        # its files carry each GPU's UUID: refused (install-runner-megamoe)
+            assert main([*base, "--moe-runner-backend", runner]) == 2 and "GPU's UUID" in capsys.readouterr().err
+            continue
+        assert main([*base, "--moe-runner-backend", runner]) == 0, capsys.readouterr().err
+        assert sglang_path(cache, model, 1, runner=runner).is_file(), runner
+    for quant in ("fp8", "none"):
+        assert main([*base, "--quantization", quant]) == 0, capsys.readouterr().err
+        assert sglang_path(cache, model, 0, quantization=None if quant == "none" else quant).is_file(), quant
+    for dtype, torch_dtype in (("half", torch.float16), ("float32", torch.float32)):
+        assert main([*base, "--dtype", dtype]) == 0, capsys.readouterr().err
+        assert sglang_path(cache, model, 0, dtype=torch_dtype).is_file(), dtype
+    assert main([*base, "--hf-config-class", "Qwen3_5MoeConfig", "--ep", "2", "--attn-dp", "2"]) == 0

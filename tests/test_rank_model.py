@@ -102,3 +102,12 @@ def test_block_fp8_names_the_dimension_the_block_does_not_divide():
     rank_config(cfg, 8)
     with pytest.raises(ModelError, match="mlp.experts has moe_intermediate_size = 136"):
         rank_config(cfg, 8, fp8_block=True)
+
+
+def test_layers_up_to_the_models_own_count_are_kept_and_more_refused():
+    """--layers keeps a prefix of the model's layers: all of them is fine, one more is no rank of it."""
+    full = FULL["text_config"]["num_hidden_layers"]
+    assert rank_config(FULL, 8, layers=full)["text_config"]["num_hidden_layers"] == full
+    assert rank_config(FULL, 8, layers=1)["text_config"]["num_hidden_layers"] == 1
+    with pytest.raises(ModelError, match=f"--layers {full + 1} is above the model's {full} layers"):
+        rank_config(FULL, 8, layers=full + 1)

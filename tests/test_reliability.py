@@ -247,7 +247,51 @@ CASES = {
     "publish-overlay-traversal": (lambda t: _publish_edited(t, lambda folder, prov: prov.update(
         shipped_overlay={"files": ["../../../victim.json"]})), 2,
         "shipped_overlay.files.0: '../../../victim.json' is not a path inside the folder"),
+    # issue 23, second sweep: install and rank-model values checked against SGLang's own
+    "install-runner-unknown": (lambda t: _install(t, "--moe-runner-backend", "flashinfer_cutlas"), 2,
+                               "--moe-runner-backend 'flashinfer_cutlas' is not a value SGLang"),
+    "install-runner-unknown-in-server-args": (lambda t: _install(t, server_args="moe-runner-backend: made_up\n"), 2,
+                                              "server_args.yaml: moe-runner-backend 'made_up' is not a value SGLang"),
+    "install-runner-megamoe": (lambda t: _install(t, "--moe-runner-backend", "flashinfer_megamoe"), 2,
+                               "SGLang names that runner's files by each GPU's UUID"),
+    "install-quantization-unknown": (lambda t: _install(t, "--quantization", "fp9"), 2,
+                                     "--quantization 'fp9' is not a value SGLang"),
+    "install-dtype-unknown": (lambda t: _install(t, "--dtype", "bf16"), 2, "--dtype 'bf16' is not a value SGLang"),
+    "install-dtype-auto": (lambda t: _install(t, "--dtype", "auto"), 2,
+                           "--dtype auto is resolved by the server from the checkpoint"),
+    "install-hf-config-class-unknown": (lambda t: _install(t, "--hf-config-class", "Qwen3_5MoeConfg"), 2,
+                                        "--hf-config-class 'Qwen3_5MoeConfg' is not a config class transformers"),
+    "install-tp-absurd": (lambda t: _install(t, tp="5000"), 2, "--tp must be at most 1024, got 5000"),
+    "install-pp-absurd": (lambda t: _install(t, "--pp", "5000"), 2, "--pp must be at most 1024, got 5000"),
+    "install-gpus-absurd": (lambda t: _install(t, "--pp", "512", tp="4"), 2,
+                            "--tp 4 x --pp 512 is 2048 GPUs (one rank file each), above 1024"),
+    "install-tp-above-heads": (lambda t: _install(t, tp="8"), 2, "--tp 8 is above the model's 4 attention heads"),
+    "install-ep-above-tp": (lambda t: _install(t, "--ep", "4"), 2, "--ep 4 is above --tp 2"),
+    "install-ep-above-experts": (lambda t: _install(t, "--attn-dp", "1024", "--ep", "1024", tp="1024"), 2,
+                                 "--ep 1024 is above the model's 512 experts"),
+    "rank-model-layers-above-the-model": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8",
+                                                     "--layers", "500", "--out", str(t / "rank")], 2,
+                                          "--layers 500 is above the model's 60 layers"),
+    "rank-model-layers-zero": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--layers", "0",
+                                          "--out", str(t / "rank")], 2, "--layers must be at least 1, got 0"),
+    "rank-model-layers-negative": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--layers",
+                                              "-3", "--out", str(t / "rank")], 2, "--layers must be at least 1, got -3"),
+    "rank-model-config-layers-above": (lambda t: ["rank-model", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "num_attention_heads": 32, "num_key_value_heads": 4})), "--tp", "2", "--layers", "49", "--out",
+        str(t / "rank")], 2, "--layers 49 is above the model's 48 layers (num_hidden_layers)"),
+    "rank-model-tp-absurd": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "5000", "--out",
+                                        str(t / "rank")], 2, "--tp must be at most 1024, got 5000"),
 }
+
+
+def _install(t: Path, *extra, tp="2", server_args=None) -> list:
+    """install of a tuned folder (FlashInfer tactics, moe-runner-backend flashinfer_cutlass) for a
+    one-rank model folder of Qwen3.5-397B at TP8 (4 attention heads, 512 experts), into t/cache."""
+    from tests.test_flashinfer_install import model_folder, tuned_folder
+    folder, model = tuned_folder(t), model_folder(t)
+    if server_args is not None:
+        (folder / "server_args.yaml").write_text(server_args)
+    return ["install", str(folder), "--model-path", str(model), "--tp", tp, "--cache-dir", str(t / "cache"), *extra]
 
 # from a serving repo's configs/triton_*/ folder up to the test's temp folder
 OUT_OF_SERVING = "../" * 5

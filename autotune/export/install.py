@@ -8,9 +8,13 @@ are kept (ours win on equal keys); a file of another FlashInfer/CUDA environment
 """
 from __future__ import annotations
 
+import difflib
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..fsutil import NotOurs, claim, write_atomic
+from ..inputs import MAX_GPUS
 from ..kernels import flashinfer_cache as fi
 from .flashinfer import sglang_cache_path
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
@@ -21,21 +25,45 @@ class InstallError(ValueError):
     pass
 
 
-def model_facts(model_path: str) -> tuple[str | None, str | None, bool]:
-    """(HF config class, SGLang's quantization name, found) from a local model folder's config.json;
-    (None, None, False) where the path is a hub name (nothing to read here)."""
+# SGLang's one runner whose rank files also carry the GPU's UUID (flashinfer_autotune_cache_path)
+MEGAMOE = "flashinfer_megamoe"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a local model folder's config.json tells install (all None where the path is a hub name)."""
+    hf_config_class: str | None = None       # transformers' config class
+    quantization: str | None = None          # SGLang's name of its quantization
+    found: bool = False                      # a local folder was read
+    heads: int | None = None                 # attention heads (the language model's)
+    experts: int | None = None               # routed experts, for a MoE model
+
+
+def model_facts(model_path: str) -> ModelFacts:
+    """The facts of a local model folder's config.json; ModelFacts() where the path is a hub name
+    (nothing to read here)."""
+    from ..hf_config import ConfigError, text_section
+
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
-        return None, None, False
+        return ModelFacts()
     from transformers import AutoConfig
 
     try:
         cls = type(AutoConfig.from_pretrained(str(cfg_path.parent))).__name__
         raw = load_json(cfg_path)
+        text, names = text_section(raw, cfg_path)
+    except ConfigError as e:
+        raise InstallError(str(e)) from None
     except Exception as e:
         raise InstallError(f"{cfg_path}: not a model config transformers can read ({type(e).__name__}: {e})") from None
     q = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
-    return cls, _quantization_name(q, cfg_path), True
+
+    def count(key):          # a count the file gives as one (a bool or a string is none)
+        v = text.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return ModelFacts(cls, _quantization_name(q, cfg_path), True, count("num_attention_heads"),
+                      count(names["num_experts"]))
 
 
 def _quantization_name(q: dict | None, where) -> str | None:
@@ -64,19 +92,32 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     if not src.is_file():
         raise InstallError(f"{folder} has no {CACHE_FILE}: a GPU run of `autotune run` on a backend with tactics "
                            "writes it")
-    if tp <= 0 or pp <= 0 or attn_dp <= 0 or ep <= 0:
-        raise InstallError("--tp, --pp, --attn-dp and --ep must be positive")
-    cls, quant, found = model_facts(model_path)
-    hf_config_class = hf_config_class or cls
+    facts = model_facts(model_path)
+    _check_parallel(tp, pp, attn_dp, ep, facts)
+    hf_config_class = hf_config_class or facts.hf_config_class
     if not hf_config_class:
         raise InstallError(f"{model_path} is not a local model folder: pass --hf-config-class (transformers' config "
                            "class name, e.g. Qwen3_5MoeConfig)")
     if not quantization_given:
-        if not found:
+        if not facts.found:
             raise InstallError(f"{model_path} is not a local model folder: pass --quantization (or 'none')")
-        quantization = quant
+        quantization = facts.quantization
+    runner_from = None
     if moe_runner_backend is None:
-        moe_runner_backend = _from_server_args(folder)
+        moe_runner_backend, runner_from = _from_server_args(folder), f"{folder / 'server_args.yaml'}: moe-runner-backend"
+    # Every value enters the hash of the folder SGLang reads: one SGLang would never resolve names a
+    # folder no server reads, so each is checked against SGLang's own lists, wherever it came from.
+    sglang = _sglang_values()
+    _server_value("--moe-runner-backend", moe_runner_backend, sglang["--moe-runner-backend"], runner_from)
+    if moe_runner_backend == MEGAMOE:
+        raise InstallError(f"{runner_from or '--moe-runner-backend'} {MEGAMOE}: SGLang names that runner's files by "
+                           "each GPU's UUID, which install cannot know (the files would never be read); let the "
+                           "server tune it")
+    if quantization is not None:
+        _server_value("--quantization", quantization, sglang["--quantization"], also=", or 'none'")
+    dtype = _torch_dtype(dtype, sglang["--dtype"])
+    _one_of("--hf-config-class", hf_config_class, _config_classes(),
+            "a config class transformers or SGLang defines (the server's hf_config class)")
     sm = _sm(folder)
     try:
         got = fi.read_cache(src)
@@ -110,6 +151,100 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     for path in paths:
         write_atomic(path, text, ours=fi.CACHE_OURS)
     return paths
+
+
+def _check_parallel(tp: int, pp: int, attn_dp: int, ep: int, facts: ModelFacts) -> None:
+    """Parallel sizes one SGLang server could run with: at most MAX_GPUS ranks, attention DP and
+    expert parallelism inside --tp, at least one attention head per attention-TP rank and one
+    expert per EP rank where the model's config says how many it has."""
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--attn-dp", attn_dp), ("--ep", ep)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_GPUS:
+            raise InstallError(f"{flag} must be an integer from 1 to {MAX_GPUS}, got {v!r}")
+    if tp * pp > MAX_GPUS:
+        raise InstallError(f"--tp {tp} x --pp {pp} is {tp * pp} GPUs (one rank file each), above {MAX_GPUS}")
+    for flag, v in (("--attn-dp", attn_dp), ("--ep", ep)):
+        if v > tp:
+            raise InstallError(f"{flag} {v} is above --tp {tp} (SGLang splits the --tp ranks into its groups)")
+    if facts.heads and tp // attn_dp > facts.heads:
+        raise InstallError(f"--tp {tp} is above the model's {facts.heads} attention heads"
+                           + (f" (over --attn-dp {attn_dp}: {tp // attn_dp} attention ranks)" if attn_dp > 1 else "")
+                           + ": a rank without one head is not a layout SGLang runs")
+    if facts.experts and ep > facts.experts:
+        raise InstallError(f"--ep {ep} is above the model's {facts.experts} experts")
+
+
+@functools.cache
+def _sglang_values() -> dict[str, list[str]]:
+    """The values the installed SGLang's own server parser takes for the flags that enter the cache
+    hash (its argparse choices: never a copy of them here, so a new release's values just work)."""
+    import argparse
+
+    try:
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser(add_help=False)
+        ServerArgs.add_cli_args(parser)          # the parser `python -m sglang.launch_server` builds
+        actions = parser._option_string_actions
+        return {flag: list(actions[flag].choices) for flag in ("--moe-runner-backend", "--quantization", "--dtype")}
+    except Exception as e:
+        raise InstallError(f"SGLang's server flags cannot be read here ({type(e).__name__}: {e}): install checks "
+                           "its values against the SGLang that will read the files; run it where SGLang is "
+                           "installed") from None
+
+
+def _sglang_name() -> str:
+    import importlib.metadata as md
+    try:
+        return f"SGLang {md.version('sglang')}"
+    except md.PackageNotFoundError:
+        return "SGLang"
+
+
+def _one_of(label: str, value: str, valid, what: str, also: str = "") -> None:
+    """`value` is one of `valid` (in their own order), else one line naming it, the closest valid
+    ones (or the first few) and how many there are."""
+    valid = list(valid)
+    if value in valid:
+        return
+    near = difflib.get_close_matches(value, valid, n=3, cutoff=0.6)
+    shown = "did you mean " + ", ".join(near) + "?" if near else "e.g. " + ", ".join(valid[:6])
+    raise InstallError(f"{label} {value!r} is not {what}: {shown} ({len(valid)} in all{also})")
+
+
+def _server_value(flag: str, value: str, valid, label: str | None = None, also: str = "") -> None:
+    _one_of(label or flag, value, valid, f"a value {_sglang_name()}'s {flag} takes", also)
+
+
+def _torch_dtype(dtype: str, choices: list[str]):
+    """The torch dtype a server started with `--dtype dtype` runs (str() of it enters SGLang's
+    hash, as torch.float16 also for SGLang's alias half): what torch names it."""
+    import torch
+
+    resolved = [c for c in choices if c != "auto"]
+    if dtype == "auto" and "auto" in choices:
+        raise InstallError("--dtype auto is resolved by the server from the checkpoint: pass the dtype it "
+                           f"resolves (one of {', '.join(resolved)})")
+    _server_value("--dtype", dtype, resolved)
+    got = getattr(torch, dtype, None)
+    if not isinstance(got, torch.dtype):      # an alias of a later SGLang that torch does not spell so
+        raise InstallError(f"--dtype {dtype!r} is not a torch dtype name: pass the torch dtype the server "
+                           "resolves it to")
+    return got
+
+
+def _config_classes() -> list[str]:
+    """The config class names a server's model can have: transformers' own and those SGLang
+    registers (sglang.srt.utils.hf_transformers: models transformers does not know), in their order."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    names = dict.fromkeys(CONFIG_MAPPING_NAMES.values())
+    try:
+        from sglang.srt.utils.hf_transformers.common import _CONFIG_REGISTRY
+        names.update(dict.fromkeys(c.__name__ for c in _CONFIG_REGISTRY.values()))
+    except Exception:         # an SGLang that keeps them elsewhere: transformers' names still hold
+        pass
+    names.update(dict.fromkeys(c.__name__ for c in getattr(CONFIG_MAPPING, "_extra_content", {}).values()))
+    return list(names)
 
 
 def blocklist_hint(folder: str | Path) -> str | None:

@@ -99,9 +99,16 @@ def rank_config(hf: dict, tp: int, layers: int | None = None, fp8_block: bool = 
             raise ModelError(f"{KV_HEADS} = {kv!r} neither splits over --tp {tp} nor is replicated evenly")
         text[KV_HEADS] = max(1, kv // tp)
     if layers is not None:
-        if layers <= 0:
-            raise ModelError(f"--layers must be positive, got {layers}")
-        text["num_hidden_layers"] = layers
+        from ..hf_config import text_section
+
+        key = text_section(text, "")[1]["num_layers"]      # the model's own name of its layer count
+        full = text.get(key)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers <= 0:
+            raise ModelError(f"--layers must be a positive integer, got {layers!r}")
+        # more layers than the model has is no rank of it: its timings would be of a model nobody serves
+        if isinstance(full, int) and not isinstance(full, bool) and layers > full:
+            raise ModelError(f"--layers {layers} is above the model's {full} layers ({key})")
+        text[key] = layers
     if fp8_block:
         out["quantization_config"] = copy.deepcopy(FP8_BLOCK_QUANT)
         block = FP8_BLOCK_QUANT["weight_block_size"][0]
