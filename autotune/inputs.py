@@ -35,6 +35,12 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors one line each (`autotune: error: --flag ...`) raised, not printed
     with the usage and a SystemExit: main says it and returns 2 (in-process callers see the code)."""
 
+    def _get_values(self, action, arg_strings):
+        # argparse drops a lone '--' (`--out=--`) and hands the flag an empty list instead of a value
+        if action.nargs is None and arg_strings == ["--"]:
+            raise argparse.ArgumentError(action, "must name a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
     def error(self, message: str):
         m = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
         if m:

@@ -229,6 +229,8 @@ CASES = {
         {**MOE_CONFIG, "moe_intermediate_size": 100})), "--tp", "1", "--dtype", "fp8_w8a8_block", "--kernels",
         "triton_moe", "--dry-run", "--target-device", "NVIDIA H200"], 2,
         "SGLang refuses block-FP8 MoE weights whose intermediate size per rank (100) is not divisible"),
+    "flag-value-a-lone-dashes": (lambda t: ["merge-choices", str(_dir(t / "src")), "--out=--"], 2,
+                                 "--out must name a value, got '--'"),
     "replay-realtime-absurd": (lambda t: _run(t, "--replay-realtime", "1e308"), 2, "--replay-realtime must be at most 100"),
     "skip-backends-leaves-none-that-ran": (lambda t: [*_backends_run(t), "--skip-backends", "moe_bf16:triton"], 1,
                                            "no backend of moe_bf16 ran correctly at a measured batch size"),
