@@ -145,6 +145,8 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
     prov = read_provenance(folder)
     targets = _targets(version_spec)
     lines, bad = [], 0
+    if not prov["files"]:       # a backend-choices-only export is one; say it rather than a bare "fresh"
+        lines.append("provenance.json lists no tuned config files: no file here for SGLang's loaders to check")
     # the files themselves: there, unchanged since export, in SGLang's schema, loaded by SGLang's loader
     broken = file_problems(folder, prov, sglang_loads if loader == "sglang" else loader)
     for name, why in broken.items():

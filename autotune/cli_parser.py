@@ -5,11 +5,21 @@ from . import families, inputs
 from .cli_common import add_selection
 from .models import MAX_BATCH
 
+# Upper bounds of the search and device flags: far above any useful value, below the ones that
+# ran for ever or overflowed (issue 23's sweep took 1e30 trials, 1e300 skew and 1e9 routings).
+MAX_TRIALS = 100_000        # SGLang's whole grid is 3840 configs a GEMM: more trials ask nothing new
+MAX_NEIGHBOURS = 64         # more than a batch list holds: every M is already a neighbour
+MAX_ROUTINGS = 1000         # one M x E routing tensor each, held on the GPU; a graph replays a few dozen
+MAX_SKEW = 100.0            # std devs: past ~30 the routing no longer changes; 1e300 became inf (NaN routings)
+MAX_SEED = 2**32 - 1        # numpy's and Optuna's seed range (the kernels' torch seeds are multiples of it)
+MAX_WORKERS = 15 * 16       # 15 a GPU (run_open refuses more per GPU) on a 16-GPU host
+MAX_HEARTBEAT = 3600        # seconds: a dead worker's trial waits 3 heartbeats before it is re-queued
+
 
 def _add_search_args(p) -> None:
     g = p.add_argument_group("search")
-    g.add_argument("--trials", type=inputs.count(1), help="measured trials per (GEMM, M) study (default 40)")
-    g.add_argument("--neighbours", type=inputs.count(0), default=1, help="also measure each trial at this many adjacent M")
+    g.add_argument("--trials", type=inputs.count(1, MAX_TRIALS), help="measured trials per (GEMM, M) study (default 40)")
+    g.add_argument("--neighbours", type=inputs.count(0, MAX_NEIGHBOURS), default=1, help="also measure each trial at this many adjacent M")
     g.add_argument("--no-shipped", action="store_true", help="do not seed with SGLang's shipped configs")
     g.add_argument("--study", type=inputs.path, help="run name the studies are filed under (default: the GPU's name)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -36,11 +46,11 @@ def _add_device_args(p) -> None:
     g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU (several "
                    "recordings of one GPU model: comma-separated, merged)")
     g.add_argument("--gpus", type=inputs.gpus, default="0", help="GPU indices to use, or 'all'")
-    g.add_argument("--workers", type=inputs.count(1), help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
-    g.add_argument("--timeout", type=inputs.number(positive=True), default=300.0, help="seconds without progress before a trial is killed")
-    g.add_argument("--seed", type=inputs.count(0), default=0)
-    g.add_argument("--skew", type=inputs.number(0), default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
-    g.add_argument("--routings", type=inputs.count(1), default=10, help="routing sets per timed graph")
+    g.add_argument("--workers", type=inputs.count(1, MAX_WORKERS), help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
+    g.add_argument("--timeout", type=inputs.number(positive=True, most=inputs.MAX_SECONDS), default=300.0, help="seconds without progress before a trial is killed")
+    g.add_argument("--seed", type=inputs.count(0, MAX_SEED), default=0)
+    g.add_argument("--skew", type=inputs.number(0, most=MAX_SKEW), default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")
+    g.add_argument("--routings", type=inputs.count(1, MAX_ROUTINGS), default=10, help="routing sets per timed graph")
     g.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                    help="warning: no progress bars; debug: Optuna's own log and the workers' output on the terminal")
     g.add_argument("--worker-log", metavar="FILE", type=inputs.path,
@@ -105,7 +115,7 @@ def build_parser(commands: dict) -> inputs.Parser:
     _add_search_args(p)
     p.add_argument("--storage", required=True, type=inputs.path, help="shared Optuna storage URL, e.g. postgresql://...")
     p.add_argument("--gpu", dest="gpus", type=inputs.gpus, default="0", help="the GPU this worker measures on")
-    p.add_argument("--heartbeat", type=inputs.count(1), default=10,
+    p.add_argument("--heartbeat", type=inputs.count(1, MAX_HEARTBEAT), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")
     p.add_argument("--budget", type=inputs.seconds, help="stop asking after this much device time, e.g. 20m")
     p.set_defaults(fn=commands["worker"])

@@ -28,12 +28,19 @@ LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_hea
 
 
 
-def _positive():
-    return Field(default=None, gt=0)
+# Upper bounds: released MoE models stay far below them (sizes under 2**15, a few hundred experts, under
+# 200 layers); a value beyond is a typo or a corrupt file, and a kernel launched on it would ask more
+# memory than any GPU has. Said where the config is read, not as an out-of-memory trial later.
+MAX_SIZE = 1 << 20        # a hidden, intermediate or head size
+MAX_COUNT = 1 << 16       # experts, heads, layers
+
+
+def _positive(le=MAX_SIZE):
+    return Field(default=None, gt=0, le=le)
 
 
 def _count():
-    return Field(default=None, ge=0)
+    return Field(default=None, ge=0, le=MAX_COUNT)
 
 
 class TextConfig(BaseModel):
@@ -41,12 +48,12 @@ class TextConfig(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
-    num_experts: int = Field(gt=0)
-    top_k: int = Field(gt=0)
-    moe_intermediate_size: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_layers: Optional[int] = _positive()
-    shared: Optional[int] = _count()
+    num_experts: int = Field(gt=0, le=MAX_COUNT)
+    top_k: int = Field(gt=0, le=MAX_COUNT)
+    moe_intermediate_size: int = Field(gt=0, le=MAX_SIZE)
+    hidden_size: int = Field(gt=0, le=MAX_SIZE)
+    num_layers: Optional[int] = _positive(MAX_COUNT)
+    shared: Optional[int] = Field(default=None, ge=0, le=MAX_SIZE)
     mtp: Optional[int] = _count()
     num_attention_heads: Optional[int] = _count()
     num_key_value_heads: Optional[int] = _count()

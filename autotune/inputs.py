@@ -16,6 +16,7 @@ import shutil
 
 # argparse shows these names in its own messages ("invalid count value"): we say what is wrong instead.
 DURATION_FORMS = "90s, 20m or 1.5h"
+MAX_SECONDS = 30 * 24 * 3600        # a duration flag's most: 30 days
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 # The most GPUs one server spans (its tp x pp ranks, one file each for install): far above any
 # deployment, far below the thousands of files a typo's --tp 5000 wrote.
@@ -55,11 +56,20 @@ def _typed(fn, name: str):
     return fn
 
 
+def _bound(x) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"     # 4294967295, not 4.29497e+09
+
+
+def _shown(x) -> str:
+    t = str(x)
+    return t if len(t) <= 40 else f"{t[:12]}... ({len(t)} characters)"
+
+
 def _in_range(v, shown, least, most):
     if v < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least:g}, got {shown}")
+        raise argparse.ArgumentTypeError(f"must be at least {_bound(least)}, got {_shown(shown)}")
     if most is not None and v > most:
-        raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {shown}")
+        raise argparse.ArgumentTypeError(f"must be at most {_bound(most)}, got {_shown(shown)}")
     return v
 
 
@@ -69,7 +79,7 @@ def count(least: int = 1, most: int | None = None):
         try:
             v = int(str(text).strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r:.40}") from None
         return _in_range(v, v, least, most)
     return _typed(parse, "count")
 
@@ -80,7 +90,7 @@ def number(least: float = 0.0, positive: bool = False, most: float | None = None
         try:
             v = float(str(text).strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r:.40}") from None
         if not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if positive and v <= 0:
@@ -99,6 +109,9 @@ def seconds(text: str) -> float:
     v = float(m.group(1)) * _UNITS[m.group(2)]
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    if v > MAX_SECONDS:     # beyond it a typo (and 400 digits are an infinite float); no limit: leave it out
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS // 3600}h (leave it out for no limit), "
+                                         f"got {text!r:.40}")
     return v
 
 

@@ -10,6 +10,10 @@ from pathlib import Path
 from .errors import UsageError
 from .run_common import selection
 
+# Measuring processes a GPU: past it they queue for the GPU's timing lock and only add CUDA
+# contexts (15 compile in parallel while one times).
+WORKERS_PER_GPU = 15
+
 
 def open_device(req, kernels=("triton_moe",)):
     """(device, pool, cache or None, plans): the replay cache or the local GPU(s), the plan of
@@ -57,7 +61,10 @@ def open_device(req, kernels=("triton_moe",)):
     if getattr(req, "dry_run", False):
         pool = None                                  # nothing is measured: no worker processes
     elif not req.replay:
-        workers = req.workers or max(1, min((os.cpu_count() or 2) - 1, 15 * len(gpus)))
+        if req.workers and req.workers > WORKERS_PER_GPU * len(gpus):
+            raise UsageError(f"--workers {req.workers}: at most {WORKERS_PER_GPU} a GPU "
+                             f"({WORKERS_PER_GPU * len(gpus)} for --gpus {req.gpus})")
+        workers = req.workers or max(1, min((os.cpu_count() or 2) - 1, WORKERS_PER_GPU * len(gpus)))
         settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=req.seed, skew=req.skew,
                             routings=req.routings, options=options, log_path=worker_log(req),
                             warmup=[(fp.name, [p.to_dict() for p in fp.problems]) for fp in plans if fp.problems])

@@ -100,10 +100,16 @@ def _family_of(m: Measurement) -> str:
 def _from_storage(url: str) -> tuple[list[Measurement], set]:
     import optuna
 
-    from .storage import ATTR, safe_url
+    from .storage import ATTR, StorageError, open_storage, safe_url
 
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        # Read, never created: a missing SQLite file stays missing, a foreign database untouched.
+        storage = open_storage(url, existing=True)
+    except StorageError as e:
+        # its advice names the flag the storage came from
+        raise WarmStartError("--warm-start: " + re.sub(r"(check|name another) --storage", r"\1 --warm-start",
+                                                       str(e))) from None
+    try:
         summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     except Exception as e:
         raise WarmStartError(f"--warm-start {safe_url(url)} unreadable: {type(e).__name__}: "

@@ -175,3 +175,17 @@ def test_sglangs_loader_reads_each_file(tmp_path):
     entry["device"] = "NVIDIA B200"          # SGLang looks for device_name=NVIDIA_B200: not this file
     why = sglang_loads(entry, folder / BF16, json.loads((folder / BF16).read_text()))
     assert why and "does not find it" in why
+
+
+def test_a_provenance_of_no_files_is_said_not_called_fresh_in_silence(tmp_path, capsys):
+    """A folder whose provenance lists no tuned file (a backend-choices-only export) printed a bare
+    "fresh", as if its Triton files had been read."""
+    import shutil
+
+    folder = tmp_path / "NVIDIA_H200"
+    shutil.copytree(FOLDER, folder)
+    prov = json.loads((folder / "provenance.json").read_text())
+    (folder / "provenance.json").write_text(json.dumps({**prov, "files": {}}))
+    assert main(["check", str(folder), "--sglang-version", "0.5.23"]) == 0
+    out = capsys.readouterr().out
+    assert "lists no tuned config files" in out and "runs in SGLang" not in out, out

@@ -1,6 +1,7 @@
 """The exported folder overlays SGLang's shipped files: with SGLANG_MOE_CONFIG_DIR at it, SGLang's
 own loader finds our file for the tuned shape and its shipped file for every other shape."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,22 @@ def test_sku_names_resolve_in_sglangs_loader_and_say_where_they_were_measured(tm
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and says in err[0], (name, err)
         assert not list(fresh.rglob("*.json"))
+
+
+def test_an_emptied_copy_is_said_before_measuring_and_copied_again_under_force(tmp_path, capsys):
+    """A shipped copy emptied after export would crash the server reading the folder: the next run
+    refuses before measuring (a changed copy is the user's), --force copies SGLang's file again."""
+    run = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
+           "--replay", str(GRID), "--batch-sizes", "8", "--trials", "2", "--out", str(tmp_path / "out"),
+           "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet"]
+    assert main(run) == 0
+    folder = tmp_path / "out/NVIDIA_H200"
+    rel = json.loads((folder / "provenance.json").read_text())["shipped_overlay"]["files"][0]
+    shipped = (Path(builtin_config_dir()) / rel).read_bytes()
+    (folder / rel).write_text("")
+    capsys.readouterr()
+    assert main(run) == 2
+    assert "changed since and not valid JSON" in capsys.readouterr().err
+    assert (folder / rel).read_text() == ""
+    assert main([*run, "--force"]) == 0
+    assert (folder / rel).read_bytes() == shipped

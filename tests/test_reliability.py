@@ -220,6 +220,21 @@ CASES = {
                                                  "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
     "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
                                      "not valid JSON"),
+    "run-over-an-emptied-overlay-copy": (lambda t: _run(t) if _emptied_overlay_copy(t) else [], 2,
+                                         "SGLang's shipped file copied here was changed since and not valid JSON"),
+    "warm-start-storage-missing": (lambda t: _run(t, "--warm-start", f"sqlite:///{t / 'missing.db'}"), 2,
+                                   "missing.db holds no studies"),
+    "config-size-absurd": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+        {**MOE_CONFIG, "hidden_size": 10**30}))], 2, "hidden_size = 1000000000000000000000000000000: Input should be less than or equal to 1048576"),
+    "trials-absurd": (lambda t: _run(t, "--trials", "1" + "0" * 30), 2, "--trials must be at most 100000"),
+    "seed-absurd": (lambda t: _run(t, "--seed", str(2**32)), 2, "--seed must be at most 4294967295, got 4294967296"),
+    "timeout-absurd": (lambda t: _run(t, "--timeout", "1e300"), 2, "--timeout must be at most 2592000, got '1e300'"),
+    "routings-absurd": (lambda t: _run(t, "--routings", "1000000000"), 2, "--routings must be at most 1000"),
+    "skew-absurd": (lambda t: _run(t, "--skew", "1e300"), 2, "--skew must be at most 100, got '1e300'"),
+    "workers-absurd": (lambda t: _run(t, "--workers", "1000000"), 2, "--workers must be at most 240"),
+    "neighbours-absurd": (lambda t: _run(t, "--neighbours", "1000000"), 2, "--neighbours must be at most 64"),
+    "heartbeat-absurd": (lambda t: ["worker", "--storage", f"sqlite:///{t / 'w.db'}", "--heartbeat", "1" + "0" * 50],
+                         2, "--heartbeat must be at most 3600, got 100000000000... (51 characters)"),
     "kernels-only-commas": (lambda t: _run(t) + ["--kernels", ","], 2, "--kernels names no kernel family (got ',')"),
     "kernels-all-and-a-family": (lambda t: _run(t) + ["--kernels", "all,triton_moe"], 2,
                                  "'all' is every family, on its own"),
@@ -392,6 +407,15 @@ def _emptied_tuned_file(t: Path) -> bool:
     return True
 
 
+def _emptied_overlay_copy(t: Path) -> bool:
+    """A run's copy of one of SGLang's shipped files, then emptied (SGLang would fail loading the folder)."""
+    assert main(_run(t)) == 0
+    prov = json.loads(next((t / "out").glob("*/provenance.json")).read_text())
+    rel = prov["shipped_overlay"]["files"][0]
+    next((t / "out").glob("*/provenance.json")).parent.joinpath(rel).write_text("")
+    return True
+
+
 MOE_CONFIG = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "hidden_size": 2048,
               "num_hidden_layers": 48}
 
@@ -470,6 +494,7 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, capsys, case):
     after = _snapshot(tmp_path)
     assert {p: h for p, h in after.items() if p in before} == before       # nothing that existed changed
     assert not [p for p in after if p.suffix == ".json" and p not in before]   # no tuned file written
+    assert code != 2 or not [p for p in after if p.suffix == ".db" and p not in before]   # no storage made
     if case == "no-gpu-no-replay":
         assert not (tmp_path / "out").exists()                              # not even an empty folder
 

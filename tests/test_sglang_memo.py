@@ -66,10 +66,21 @@ def test_remembered_answers_are_sglangs_and_a_changed_file_is_seen(fresh_memo, t
 
 
 def test_a_broken_memo_is_started_afresh(fresh_memo, h200):
-    memo_path().parent.mkdir(parents=True)
-    memo_path().write_text('{"truncated')
+    assert sglang_selection(QWEN_TP4, 8, h200)[2]
+    memo_path().write_text(memo_path().read_text()[:40])          # cut short by something else
+    sglang_loader._memo = None
     assert sglang_selection(QWEN_TP4, 8, h200)[2]
     assert len(json.loads(memo_path().read_text())) == 1
+
+
+def test_a_users_file_where_the_memo_would_go_is_left_as_it_was(fresh_memo, h200):
+    """AUTOTUNE_CACHE_DIR naming a folder of the user's, which holds a file of the memo's name."""
+    memo_path().parent.mkdir(parents=True)
+    for users in ('{"answers": "mine"}', "my notes\n", '{"truncated'):
+        memo_path().write_text(users)
+        sglang_loader._memo = None
+        assert sglang_selection(QWEN_TP4, 8, h200)[2]           # SGLang's answer all the same
+        assert memo_path().read_text() == users
 
 
 @pytest.mark.slow

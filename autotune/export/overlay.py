@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..device import DeviceInfo
-from ..fsutil import copy_file, inside, sha256, write_json
+from ..fsutil import copy_file, forced, inside, sha256, write_json
 from ..sglang_versions import valid_releases
 from .provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
 from ..reading import load_json
@@ -28,6 +28,29 @@ from ..reading import load_json
 def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
     """An earlier overlay's copy, unchanged since (a copy edited by hand is the user's now)."""
     return rel in old and (rel not in old_sha or sha256(path) == old_sha[rel])
+
+
+def broken_copies(device_folder: str | Path) -> list[str]:
+    """Earlier overlay copies changed since and no longer a file SGLang's loader takes (emptied, cut
+    short): the folder would crash the server that reads it, and a copy changed by hand is not ours to
+    replace, so the run says so before measuring (under --force it copies the file again)."""
+    from ..config_files import schema_problem
+
+    folder = Path(device_folder)
+    overlay = (read_folder_provenance(folder) or {}).get(OVERLAY) or {}
+    old, old_sha = overlay.get("files", []), overlay.get("sha256", {})
+    out = []
+    for rel in old:
+        path = inside(folder, rel)
+        if not path.is_file() or _still_ours(path, rel, old, old_sha):
+            continue
+        try:
+            why = schema_problem(load_json(path))
+        except (OSError, ValueError) as e:
+            why = f"not valid JSON ({e})"
+        if why:
+            out.append(f"{path}: SGLang's shipped file copied here was changed since and {why}")
+    return out
 
 
 def _pair_name(name: str) -> tuple[str, str]:
@@ -72,7 +95,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
             skipped[rel] = f"SGLang {', '.join(missing)} cannot run it"
             continue
         dst = folder / rel
-        if dst.exists() and not _still_ours(dst, rel, old, old_sha):
+        if dst.exists() and not forced() and not _still_ours(dst, rel, old, old_sha):
             skipped[rel] = "a file of that name is already in the folder and is not ours to replace"
             continue
         copy_file(src, dst)

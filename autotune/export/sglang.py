@@ -39,9 +39,15 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     """Every file `export_problem` (and the SKU copies) would write for `problems`, checked before
     anything is measured: NotOurs where one is not ours, ExportError where the folder holds results
     measured another way."""
+    from .overlay import broken_copies
+
     folder = config_dir(out, device)
     prov = read_folder_provenance(Path(out) / device.file_name) or {"files": {}}
     ours = ours_in(prov, Path(out) / device.file_name)
+    broken = [] if forced() else broken_copies(Path(out) / device.file_name)
+    if broken:
+        raise ExportError(f"{broken[0]}; not replaced (remove it: the run copies it again; or pass --force)"
+                          + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
     tag = f"device_name={device.file_name}"
     for problem in problems:
         names = (sglang_file_name(problem, device), sglang_file_name(problem, device, down=True))

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ..device import DeviceInfo
-from ..fsutil import write_json
+from ..fsutil import NotOurs, text_starting, write_json
 from ..models import Problem
 from ..reading import load_json
 
@@ -268,10 +268,22 @@ def remembered(question: tuple, ask, valid):
     latest[key] = answer
     _memo = latest
     try:
-        write_json(memo_path(), latest, indent=None)
-    except OSError:
-        pass                                    # a read-only cache folder: answers are asked again
-    return copy.deepcopy(answer)
+        write_json(memo_path(), latest, indent=None, ours=_is_memo)
+    except (OSError, NotOurs):
+        pass                                    # a read-only cache folder, or a file that is not a memo
+    return copy.deepcopy(answer)                # there (AUTOTUNE_CACHE_DIR named a user's folder): asked again
+
+
+def _is_memo(path: Path) -> bool:
+    """A file this memo wrote: a JSON object whose every key is a question as `remembered` writes it,
+    or the start of one (a memo cut short by something else is ours to start afresh)."""
+    if text_starting('{"[')(path):
+        return True
+    try:
+        doc = load_json(path)
+        return isinstance(doc, dict) and all(isinstance(json.loads(k), list) for k in doc)
+    except (OSError, ValueError):
+        return False
 
 
 def _read_memo() -> dict:
