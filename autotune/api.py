@@ -177,12 +177,16 @@ def run(req: RunRequest) -> RunResult:
         from .study import Clock
         clock = Clock(pool)
         steps = run_open.by_step(plans)
+        configs_written = False
         for fp in steps.get(families.CONFIGS, ()):
-            run_configs(req, fp, device, pool, storage, req.budget, clock, run_name, warm, summary)
+            configs_written |= run_configs(req, fp, device, pool, storage, req.budget, clock, run_name, warm, summary)
+        if steps.get(families.CONFIGS) and not configs_written and not steps.get(families.BACKENDS):
+            raise NothingDone("no config of " + ", ".join(fp.name for fp in steps[families.CONFIGS]) + " ran "
+                              "correctly at any batch size: nothing written (the lines above say why)")
         if steps.get(families.BACKENDS):
             from .run_backends import run_backend_choice
             run_backend_choice(req, steps[families.BACKENDS], device, pool, storage, run_name, summary)
-            if summary.get("backends_chosen") is False and not steps.get(families.CONFIGS):
+            if summary.get("backends_chosen") is False and not configs_written:
                 raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[families.BACKENDS])
                                   + " ran correctly at a measured batch size: nothing written (the tables above "
                                   "say why; --skip-backends may have left out the ones that run)")

@@ -46,12 +46,16 @@ def main(argv=None) -> int:
     from .run_lock import RunLocked
     from .spaces import SpaceError
 
-    from .inputs import BadInput, one_line
+    from .inputs import BadInput, cache_folders_problem, one_line
 
     try:
         args = build_parser().parse_args(argv)
     except BadInput as e:
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    why = cache_folders_problem()
+    if why:
+        print(f"autotune: error: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from . import stops
 

@@ -62,7 +62,7 @@ def shapes(sel, target_sm=None) -> list[str]:
 
 
 def publish(to, src=None, branch=None, path=None) -> list[str]:
-    from .publish import PublishError, publish as publish_folder
+    from .publish import PublishError, device_folder, publish as publish_folder
 
     lines: list[str] = []
 
@@ -74,7 +74,7 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
                              f"{', '.join(str(d) for d in found) or 'none'} under tuned_configs/)")
         src = found[0]
     try:
-        out = publish_folder(src, to, branch or f"tuned/{src.name}", path)
+        out = publish_folder(src, to, branch or f"tuned/{device_folder(src)}", path)
     except PublishError as e:
         raise UsageError(str(e))
     lines.append(f"published {src} to {to} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")

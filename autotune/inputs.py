@@ -204,3 +204,22 @@ def add_force(p: argparse.ArgumentParser) -> None:
     """--force, the same flag on every command that writes files."""
     p.add_argument("--force", action="store_true",
                    help="replace files autotune did not write where it writes its own (refused without it)")
+
+
+def cache_folders_problem() -> str | None:
+    """The folders torch, Triton and SGLang create their caches in at import (~/.cache, ~/.triton or
+    what their variables name): a file where one must go is said in one line before any import
+    (HOME naming a file was a NotADirectoryError from inside torch)."""
+    home = os.path.expanduser("~")
+    for var, default in (("XDG_CACHE_HOME", os.path.join(home, ".cache")),
+                         ("TRITON_CACHE_DIR", os.path.join(home, ".triton", "cache"))):
+        folder = os.environ.get(var) or default
+        p = os.path.abspath(folder)
+        while not os.path.lexists(p) and os.path.dirname(p) != p:
+            p = os.path.dirname(p)
+        if os.path.exists(p) and not os.path.isdir(p):
+            named = f"{var}={folder}" if os.environ.get(var) else f"HOME={home}"
+            return (f"{named}: {p} is a file, and torch, Triton and SGLang keep their caches in {folder}: "
+                    f"point {var if os.environ.get(var) else 'HOME'} at a folder")
+    return None
+

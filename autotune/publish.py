@@ -100,6 +100,14 @@ def _provenance(folder: Path) -> dict:
         raise PublishError(str(e)) from None
 
 
+def device_folder(src: str | Path) -> str:
+    """The folder name a tuned folder is published under (tuned_configs/<it>, branch tuned/<it>): its
+    device's, as the export named it, whatever the folder was copied to or reached by (`.`, `x/..`)."""
+    src = Path(src)
+    name = ((_provenance(src).get("device") or {}).get("name") if (src / PROVENANCE).exists() else None)
+    return name.replace(" ", "_") if isinstance(name, str) and name.strip() else src.resolve().name
+
+
 def _listed(src: Path, rel: str, entry: dict | None = None) -> dict:
     """A config file the tuned folder's provenance lists, in SGLang's schema (a missing one was
     published as `{}`: what the provenance says and what the folder holds must agree)."""
@@ -228,7 +236,8 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
             raise PublishError(f"{repo} has uncommitted changes: commit or stash them first")
         if git(repo, "branch", "--list", branch):
             raise PublishError(f"branch {branch} already exists in {repo}")
-        dest = repo / (path or f"tuned_configs/{src.name}")
+        path = path or f"tuned_configs/{device_folder(src)}"
+        dest = repo / path
         blocking = next((p for p in (dest, *dest.parents) if p.exists()), repo)
         if not blocking.is_dir():
             raise PublishError(f"--path {path}: {blocking} is a file in the serving repo; name a folder")

@@ -253,6 +253,10 @@ def _check_header(cache: Cache) -> None:
     if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int \
             or not isinstance(dev.get("versions", {}), dict) or type(dev.get("smem_optin", 0)) is not int:
         raise TypeError(f"its device is not a recorded GPU: {dev!r:.120}")
+    # the name and the Triton version name the folders a replay writes (device_name=..., triton_3_6_0)
+    for what, v in [("name", dev["name"]), *((f"versions.{k}", x) for k, x in dev.get("versions", {}).items())]:
+        if isinstance(v, str) and (not v.strip() or v.strip() in (".", "..") or any(c in v for c in "/\\\0")):
+            raise TypeError(f"its device {what} {v!r:.60} is not a plain name (it names the files a run writes)")
     if "compile_workers" in cache.notes and (type(cache.notes["compile_workers"]) is not int
                                              or cache.notes["compile_workers"] < 1):
         raise TypeError("its notes.compile_workers is not a positive integer")

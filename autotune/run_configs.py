@@ -11,13 +11,15 @@ from .errors import UsageError
 from .run_common import no_bar, record_measurements, triton_settings
 
 
-def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, summary: dict) -> None:
+def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, summary: dict) -> bool:
+    """Search, select and export each problem of `fp`; True when a file was written for one of them."""
     from tqdm import tqdm
 
     from .study import ProblemTuner
 
     family = fp.family
     settings = triton_settings(req, budget, warm)
+    wrote = False
     for p in fp.problems:
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
@@ -27,11 +29,13 @@ def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, s
             bar.update(sum(s.asked for s in tuner.slots.values()))
             tuner.measure_baselines()
             tuner.search()
-        select_and_export(req, tuner, device, clock, t0, summary)
+        wrote |= select_and_export(req, tuner, device, clock, t0, summary)
         if req.record:
             record_measurements(req.record, device, p, (m for d in tuner.measured.values() for m in d.values()),
                     careful=tuner.careful.values())
-    overlay(req, device, family)
+    if wrote:
+        overlay(req, device, family)
+    return wrote
 
 
 def sku_names(req, device) -> tuple[str, ...]:
@@ -47,6 +51,8 @@ def sku_names(req, device) -> tuple[str, ...]:
         if same_chip(device.name, name) is False:
             raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
                              "measured there")
+        if name.replace(" ", "_") in (n.replace(" ", "_") for n in names):   # one file name: written twice
+            raise UsageError(f"--device-name {name!r} is given twice; each SKU is written once")
         names.append(name)
     return tuple(names)
 
@@ -64,7 +70,9 @@ def overlay(req, device, family) -> None:
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
-def select_and_export(req, tuner, device, clock, t0, summary: dict) -> None:
+def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
+    """Select each M's pair and write the problem's files; False (nothing written) where no finalist,
+    baselines included, ran correctly at any M: a file of `{}` would replace SGLang's shipped one."""
     from .export.sglang import ExportError, export_problem
     from .report import format_table, problem_table, table_records
     from .select import select_problem
@@ -72,6 +80,10 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> None:
 
     p, settings = tuner.problem, tuner.settings
     choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    if not choices:
+        print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
+              "included: no file written for it")
+        return False
     layer = _confirm_by_layer(p, choices, device)
     trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
     run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
@@ -96,6 +108,7 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> None:
     for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(written["files"]))
+    return True
 
 
 def _confirm_by_layer(problem, choices, device) -> dict:

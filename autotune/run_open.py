@@ -79,10 +79,26 @@ def worker_log(req) -> str | None:
         return None
     path = getattr(req, "worker_log", None) or os.path.join(
         tempfile.gettempdir(), f"autotune-workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
-    if Path(path).is_dir() or not os.access(Path(path).parent if not Path(path).exists() else path, os.W_OK):
-        raise UsageError(f"--worker-log {path}: not a writable file")   # said here, not by a dying worker
+    check_worker_log(path)
+    if not Path(path).exists():
+        Path(path).write_text(LOG_HEADER + time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
     print(f"worker output (compiler messages, full errors): {path}")
     return path
+
+
+# The first line of a worker log: workers append to a log that starts with it, never to a user's file.
+LOG_HEADER = "# autotune worker log, started "
+
+
+def check_worker_log(path: str) -> None:
+    """Said here, before any work, not by a dying worker: a folder, an unwritable place, or a file
+    that is not one of our logs (unless --force)."""
+    from .fsutil import claim, text_starting
+
+    p = Path(path)
+    if p.is_dir() or not os.access(p.parent if not p.exists() else p, os.W_OK):
+        raise UsageError(f"--worker-log {path}: not a writable file")
+    claim(p, text_starting(LOG_HEADER), "--worker-log")
 
 
 def family_options(req, device) -> dict:

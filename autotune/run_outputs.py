@@ -81,6 +81,35 @@ def check_outputs(req, device, plans, skus=()) -> None:
         raise UsageError(str(e)) from None
     if getattr(req, "json", None):
         claim(req.json, json_with(*SUMMARY_OURS), "--json")
+    check_distinct_files(req, device)
+
+
+def check_distinct_files(req, device) -> None:
+    """The run's single-file outputs name different files, none inside the tuned folder (which the
+    export owns) and none under a file: each was said only after measuring, when written."""
+    from .storage import DEFAULT_STORAGE, sqlite_file
+
+    from .run_open import check_worker_log
+
+    if getattr(req, "worker_log", None):
+        check_worker_log(req.worker_log)       # a replay starts no worker, but the flag is still checked
+    tuned = (Path(req.out) / device.file_name).resolve() if getattr(req, "out", None) else None
+    named = {flag: getattr(req, attr, None) for flag, attr in
+             (("--json", "json"), ("--record", "record"), ("--worker-log", "worker_log"))}
+    seen = {}
+    for flag, path in [*named.items(), ("--storage", sqlite_file(req.storage or DEFAULT_STORAGE))]:
+        if not path:
+            continue
+        where = Path(path).resolve()
+        if where in seen:
+            raise UsageError(f"{seen[where]} and {flag} name the same file {path}: name one each")
+        seen[where] = flag
+        if flag != "--storage" and tuned is not None and (where == tuned or tuned in where.parents):
+            raise UsageError(f"{flag} {path} is inside the tuned folder {tuned}, which the run writes: "
+                             "name a file outside it")
+        above = next((p for p in where.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise UsageError(f"{flag} {path}: {above} is a file, not a folder")
 
 
 def check_record_file(path) -> None:

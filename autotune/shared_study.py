@@ -6,7 +6,7 @@ import dataclasses
 import sys
 import time
 
-from .errors import UsageError
+from .errors import NothingDone, UsageError
 from .run_common import load_warm_start, no_bar, triton_settings
 from .run_configs import overlay, select_and_export, sku_names
 from .run_open import open_device
@@ -56,6 +56,7 @@ def export_shared(req) -> None:
                                    read_first=lambda st: _studies_there(st, plans[0], name, req.partial))
     settings = triton_settings(req, None, load_warm_start(req.warm_start))
     clock = Clock(pool)
+    wrote = False
     with pool:
         for p in plans[0].problems:
             t0 = time.monotonic()
@@ -66,7 +67,9 @@ def export_shared(req) -> None:
                 raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
                                  f"trials); nothing exported (--partial exports it anyway)")
             tuner.measure_baselines()
-            select_and_export(req, tuner, device, clock, t0, {})
+            wrote |= select_and_export(req, tuner, device, clock, t0, {})
+        if not wrote:
+            raise NothingDone("no config ran correctly at any batch size in the study: nothing exported")
         overlay(req, device, plans[0].family)
 
 

@@ -29,7 +29,7 @@ class StorageError(RuntimeError):
 DEFAULT_STORAGE = "sqlite:///autotune.db"
 
 
-def _sqlite_file(url: str) -> Path | None:
+def sqlite_file(url: str) -> Path | None:
     """The file of a plain sqlite:/// URL (None for :memory:, a URI filename or another database)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not url.startswith("sqlite:///file:"):
         return Path(url[len("sqlite:///"):])
@@ -40,7 +40,7 @@ def _tables(url: str) -> set[str]:
     """The tables the database already holds (none for a SQLite file not made yet: not created here)."""
     import sqlalchemy
 
-    file = _sqlite_file(url)
+    file = sqlite_file(url)
     if file is not None and not file.exists():
         return set()
     engine = sqlalchemy.create_engine(url)
@@ -79,11 +79,11 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
     import warnings
 
     url = url or DEFAULT_STORAGE
-    file = _sqlite_file(url)
+    file = sqlite_file(url)
     try:
         tables = _tables(url)
     except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else ""
+        first = scrub(str(e).splitlines()[0], url) if str(e) else ""
         raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
     why = _schema_problem(url, tables, existing)
     if why:
@@ -108,7 +108,7 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
             if attempt < attempts - 1 and _lost_schema_race(e):
                 time.sleep(0.2 + random.random() * 0.3 * (attempt + 1))
                 continue
-            first = str(e).splitlines()[0] if str(e) else ""
+            first = scrub(str(e).splitlines()[0], url) if str(e) else ""
             if any(k in first.lower() for k in ("readonly database", "read-only", "permission denied")):
                 raise _unwritable(url, first) from None
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
@@ -163,9 +163,30 @@ def requeue(study, trial, why: str, names) -> None:
         study.enqueue_trial(params, skip_if_exists=False)
 
 
-def safe_url(url: str) -> str:
+def _secrets(url: str) -> list[str]:
+    """The password parts of a URL: everything between the user's ':' and the last '@' (a password
+    may hold '@', ':' or '/'), and `password=` query values; longest first, for masking."""
     import re
-    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+    found = re.findall(r"password=([^&#]+)", url, re.I)
+    head, sep, _ = url.partition("://")
+    rest = url[len(head) + len(sep):] if sep else ""
+    creds = rest.rpartition("@")[0]
+    if ":" in creds:
+        password = creds.split(":", 1)[1]
+        # a driver's error may quote a piece of it (the host it misread from 'a@b:c@host')
+        found += [password, *(p for p in re.split(r"[:@/]", password) if len(p) >= 2)]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def safe_url(url: str) -> str:
+    return scrub(url, url)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (a URL, or a driver's message about one) with the URL's password parts masked."""
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def claim(storage, run: str, device, existing: bool = False) -> None:
@@ -187,7 +208,8 @@ def claim(storage, run: str, device, existing: bool = False) -> None:
         if owner is None:
             meta.set_user_attr("device", device.name)
             meta.set_user_attr("sm", device.sm)
-        meta.set_user_attr("opened", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        if not existing:       # export only reads the run: its storage stays byte-identical
+            meta.set_user_attr("opened", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     except optuna.exceptions.StorageInternalError as e:
         cause = e.__cause__ or e.__context__ or e
         raise _unwritable(str(getattr(storage, "url", "")),

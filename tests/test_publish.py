@@ -60,6 +60,21 @@ def test_happy_path_one_commit_on_a_new_branch(tmp_path, serving, capsys):
     assert git(serving, "status", "--porcelain") == ""
 
 
+@pytest.mark.parametrize("reach", ["copied", "dot", "dotdot"])
+def test_the_folder_and_branch_are_named_by_the_device_however_the_folder_is_reached(tmp_path, serving, capsys,
+                                                                                    monkeypatch, reach):
+    """A copy at /tmp/src went to tuned_configs/src on tuned/src; `--from .` made the branch 'tuned/'."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tuned(tmp_path, "a", {1: 10.0, 64: 100.0}), src)
+    given = {"copied": str(src), "dot": ".", "dotdot": str(src / "configs" / "..")}[reach]
+    monkeypatch.chdir(src)
+    assert main(["publish", "--to", str(serving), "--from", given]) == 0, capsys.readouterr().err
+    assert git(serving, "rev-parse", "--abbrev-ref", "HEAD") == f"tuned/{DEV.file_name}"
+    assert (serving / f"tuned_configs/{DEV.file_name}/configs/triton_3_6_0/{UP}").is_file()
+
+
 def test_refuses_without_or_with_failed_validation(tmp_path, serving, capsys):
     assert main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "a", {1: 10.0}, gate=None))]) == 2
     assert "validation.json is missing" in capsys.readouterr().err

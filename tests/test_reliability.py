@@ -218,6 +218,8 @@ CASES = {
                                          "--out", str(t / "out")], 2, "holds no run 'typo~replay' (it holds NVIDIA_H200~replay)"),
     "export-problem-never-measured": (lambda t: [*EXPORT[:-2], "1", "--quiet", "--storage", f"sqlite:///{_worked(t)}",
                                                  "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
+    "export-study-partial": (lambda t: [*EXPORT, "--trials", "50", "--storage", f"sqlite:///{_worked(t)}",
+                                        "--out", str(t / "out")], 2, "study is partial (6 of 100 trials); nothing exported"),
     "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
                                      "not valid JSON"),
     "run-over-an-emptied-overlay-copy": (lambda t: _run(t) if _emptied_overlay_copy(t) else [], 2,
@@ -235,6 +237,25 @@ CASES = {
     "neighbours-absurd": (lambda t: _run(t, "--neighbours", "1000000"), 2, "--neighbours must be at most 64"),
     "heartbeat-absurd": (lambda t: ["worker", "--storage", f"sqlite:///{t / 'w.db'}", "--heartbeat", "1" + "0" * 50],
                          2, "--heartbeat must be at most 3600, got 100000000000... (51 characters)"),
+    "replay-where-every-config-failed": (lambda t: _run(t, replay=False) + ["--replay", str(_all_failed(t))], 1,
+                                         "no config of triton_moe ran correctly at any batch size: nothing written"),
+    "device-name-twice": (lambda t: _run(t, "--device-name", "NVIDIA H200 NVL", "--device-name", "NVIDIA H200 NVL"), 2,
+                          "--device-name 'NVIDIA H200 NVL' is given twice; each SKU is written once"),
+    "json-and-record-the-same-file": (lambda t: _run(t, "--record", str(t / "x.json"), "--json", str(t / "x.json")), 2,
+                                      "--json and --record name the same file"),
+    "record-is-the-storage": (lambda t: _run(t, "--record", str(t / "a.db")), 2,
+                              "--record and --storage name the same file"),
+    "json-inside-the-tuned-folder": (lambda t: _run(t, "--json", str(t / "out/NVIDIA_H200/provenance.json")), 2,
+                                     "is inside the tuned folder"),
+    "record-under-a-file": (lambda t: _run(t, "--record", str(Path(_write(t / "f", "x")) / "rec.jsonl.gz")), 2,
+                            "f is a file, not a folder"),
+    "worker-log-a-users-file": (lambda t: _run(t, "--worker-log", _write(t / "notes.txt", "my notes\n")), 2,
+                                "notes.txt is not a file autotune wrote (--worker-log)"),
+    "worker-log-a-folder-under-replay": (lambda t: _run(t, "--worker-log", str(_dir(t / "logs"))), 2,
+                                         "logs: not a writable file"),
+    "replay-triton-version-a-path": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d["versions"].update(triton="3.6.0/../../x")))], 2,
+        "its device versions.triton '3.6.0/../../x' is not a plain name"),
     "kernels-only-commas": (lambda t: _run(t) + ["--kernels", ","], 2, "--kernels names no kernel family (got ',')"),
     "kernels-all-and-a-family": (lambda t: _run(t) + ["--kernels", "all,triton_moe"], 2,
                                  "'all' is every family, on its own"),
@@ -405,6 +426,22 @@ def _emptied_tuned_file(t: Path) -> bool:
     name = next(iter(prov["files"]))
     next((t / "out").glob(f"*/configs/*/{name}")).write_text("")
     return True
+
+
+def _all_failed(t: Path) -> Path:
+    """The grid recording with every measurement a compile error (a Triton that builds none of them)."""
+    lines = gzip.open(GRID, "rt").read().splitlines()
+    failed = [lines[0]] + [json.dumps({**json.loads(l), "status": "compile_error", "time_us": None,
+                                       "reason": "RuntimeError: PassManager::run failed"}) for l in lines[1:]]
+    return _gz(t / "failed.jsonl.gz", "\n".join(failed) + "\n")
+
+
+def _header_changed(t: Path, change) -> Path:
+    """The grid recording with its header's device changed by `change`."""
+    lines = gzip.open(GRID, "rt").read().splitlines()
+    head = json.loads(lines[0])
+    change(head["device"])
+    return _gz(t / "changed.jsonl.gz", "\n".join([json.dumps(head), *lines[1:]]) + "\n")
 
 
 def _emptied_overlay_copy(t: Path) -> bool:
@@ -629,3 +666,29 @@ def test_a_recording_is_read_whatever_its_name(tmp_path, capsys):
     assert (tmp_path / "m.txt").read_bytes()[:2] == b"\x1f\x8b"
     assert main(_run(tmp_path, replay=False) + ["--replay", str(tmp_path / "m.txt")]) == 0
     assert list((tmp_path / "out").glob("*/configs/*/*.json"))
+
+
+@pytest.mark.parametrize("url", ["postgresql://bob@127.0.0.1:1/db?password=s3cretPW",
+                                 "postgresql://bob:s3c@ret:PW@127.0.0.1:1/db",
+                                 "postgresql://bob:pa/ss@127.0.0.1:1/db"])
+def test_a_storage_password_is_never_printed(tmp_path, capsys, url):
+    """A password holding '@' or '/', or given as a query parameter, was printed (whole, or the part
+    the driver's error quoted)."""
+    assert main(_run(tmp_path)[:-6] + ["--out", str(tmp_path / "out"), "--storage", url,
+                                      "--replay", str(GRID), "--batch-sizes", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("autotune: error:") == 1 and "postgresql://bob" in err, err
+    assert not any(secret in err for secret in ("s3c", "PW", "pa/ss", "ss@")), err
+
+
+@pytest.mark.parametrize("var", ["HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR"])
+def test_a_cache_home_that_is_a_file_is_one_line_before_any_import(tmp_path, capsys, monkeypatch, var):
+    """HOME naming a file was a NotADirectoryError traceback from inside torch's import."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv(var, _write(tmp_path / "file", "x") + ("" if var == "HOME" else "/cache"))
+    before = _snapshot(tmp_path)
+    assert main(_run(tmp_path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"autotune: error: {var}=") and "is a file" in err[0], err
+    assert _snapshot(tmp_path) == before
