@@ -76,10 +76,10 @@ def _in_range(v, shown, least, most):
 def count(least: int = 1, most: int | None = None):
     """An integer >= `least` (and <= `most`)."""
     def parse(text: str) -> int:
-        try:
-            v = int(str(text).strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r:.40}") from None
+        t = str(text).strip()
+        if not re.fullmatch(r"-?[0-9]+", t):      # int() also takes '8_0' (80) and other scripts' digits
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r:.40}")
+        v = int(t)
         return _in_range(v, v, least, most)
     return _typed(parse, "count")
 

@@ -9,6 +9,7 @@ it and the others are reported as sharing it (see `expand`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -258,10 +259,13 @@ MAX_BATCH = (131072, "more tokens than one SGLang forward pass holds")
 def parse_int_list(text, what: str, limit: tuple[int, str] | None = None) -> tuple[int, ...]:
     if isinstance(text, tuple):           # already parsed by the command line's type (autotune.inputs)
         return text
-    try:
-        vals = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
-    except ValueError:
-        raise ModelError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
+    items = str(text).replace(" ", "").split(",")
+    if "" in items and items != [""]:
+        raise ModelError(f"{what} has an empty entry in {text!r:.60}: write it as 1,8,64")
+    # plain digits only: int() also takes '8_0' (80), '+8' and other scripts' digits
+    if not all(re.fullmatch(r"[0-9]+", v) for v in items if v):
+        raise ModelError(f"{what} must be a comma-separated list of integers, got {text!r:.60}")
+    vals = tuple(int(v) for v in items if v)
     if not vals or any(v <= 0 for v in vals):
         raise ModelError(f"{what} must hold positive integers, got {text!r}")
     if len(set(vals)) != len(vals):

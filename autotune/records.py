@@ -100,11 +100,13 @@ class Measurement:
             v = getattr(self, name)                        # (a wrong result's error may be NaN)
             if v is not None and (v != v or v in (float("inf"), float("-inf")) or v < 0):
                 raise ValueError(f"measurement {name} must be a finite non-negative number, got {v!r:.30}")
-        if self.ok and self.time_us is None:
-            raise ValueError("an ok measurement without time_us")
+        if self.ok and not self.time_us:      # a 0 us config would win every M it was recorded at
+            raise ValueError(f"an ok measurement's time_us must be above 0, got {self.time_us!r:.30}")
+        if self.spread is not None and not (0 <= self.spread < float("inf")):    # also NaN
+            raise ValueError(f"measurement spread must be a finite non-negative number, got {self.spread!r:.30}")
         if self.compile_s is None or self.bench_s is None:
             raise ValueError("measurement compile_s and bench_s must be numbers (0 where nothing ran)")
-        if type(self.samples) is not int or (self.tactics is not None and not isinstance(self.tactics, list)):
+        if type(self.samples) is not int or self.samples < 0 or (self.tactics is not None and not isinstance(self.tactics, list)):
             raise ValueError("measurement samples must be an integer and tactics a list")
 
     @property

@@ -141,7 +141,7 @@ def run_name(req, device) -> str:
 def open_storage_claimed(req, device, run_name: str, shared: bool = False, read_first=None):
     """`read_first(storage)`: a command that reads a run (export) checks what it needs there before the
     claim writes anything; the storage and the run must then exist already (nothing is created)."""
-    from .storage import StorageError, claim, open_storage
+    from .storage import StorageError, claim, open_storage, sqlite_file
 
     existing = read_first is not None
     try:
@@ -152,6 +152,9 @@ def open_storage_claimed(req, device, run_name: str, shared: bool = False, read_
         claim(storage, run_name, device, existing=existing)
     except StorageError as e:
         raise UsageError(str(e))
+    url = req.storage or ""
+    if url.startswith("sqlite") and sqlite_file(url) is None:
+        print(f"note: --storage {url} is held in memory: nothing measured is kept, a stopped run cannot resume")
     return storage
 
 

@@ -88,7 +88,7 @@ def installed() -> str | None:
 
 
 def release(version: str) -> Release:
-    base = ".".join(str(x) for x in release_key(version)) if re.fullmatch(r"\d+\.\d+\.\d+(\.?post\d+|rc\d+)?", version) else None
+    base = ".".join(str(x) for x in release_key(version)) if re.fullmatch(r"\d+\.\d+\.\d+(\.?post\d+|rc\d+)?", version, re.ASCII) else None
     if base not in RELEASES:
         raise VersionError(f"SGLang {version!r} is not a supported release (supported: {SUPPORTED[0]} to "
                            f"{SUPPORTED[-1]}: {', '.join(SUPPORTED)})")

@@ -256,6 +256,15 @@ CASES = {
     "replay-triton-version-a-path": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d["versions"].update(triton="3.6.0/../../x")))], 2,
         "its device versions.triton '3.6.0/../../x' is not a plain name"),
+    "batch-sizes-underscore": (lambda t: _run(t, bs="8_0"), 2, "--batch-sizes must be a comma-separated list of integers, got '8_0'"),
+    "batch-sizes-trailing-comma": (lambda t: _run(t, bs="8,"), 2, "--batch-sizes has an empty entry in '8,'"),
+    "count-other-digits": (lambda t: _run(t, "--trials", "\uff18"), 2, "--trials must be an integer"),
+    "replay-time-zero": (lambda t: _run(t, replay=False) + ["--replay", str(_records_changed(
+        t, lambda r: r.update(time_us=0.0) if r["status"] == "ok" and r["M"] == 8 else None))], 2,
+        "an ok measurement's time_us must be above 0, got 0.0"),
+    "replay-spread-nan": (lambda t: _run(t, replay=False) + ["--replay", str(_records_changed(
+        t, lambda r: r.update(spread=float("nan")) if r["status"] == "ok" else None))], 2,
+        "measurement spread must be a finite non-negative number, got nan"),
     "kernels-only-commas": (lambda t: _run(t) + ["--kernels", ","], 2, "--kernels names no kernel family (got ',')"),
     "kernels-all-and-a-family": (lambda t: _run(t) + ["--kernels", "all,triton_moe"], 2,
                                  "'all' is every family, on its own"),
@@ -442,6 +451,15 @@ def _header_changed(t: Path, change) -> Path:
     head = json.loads(lines[0])
     change(head["device"])
     return _gz(t / "changed.jsonl.gz", "\n".join([json.dumps(head), *lines[1:]]) + "\n")
+
+
+def _records_changed(t: Path, change) -> Path:
+    """The grid recording with `change` applied to each record (a dict, changed in place)."""
+    lines = gzip.open(GRID, "rt").read().splitlines()
+    records = [json.loads(line) for line in lines[1:]]
+    for r in records:
+        change(r)
+    return _gz(t / "changed.jsonl.gz", "\n".join([lines[0], *map(json.dumps, records)]) + "\n")
 
 
 def _emptied_overlay_copy(t: Path) -> bool:
