@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import families
-from .errors import NothingDone, UsageError
+from .errors import Incomplete, NothingDone, UsageError
 
 
 @dataclass
@@ -124,7 +124,7 @@ def run(req: RunRequest) -> RunResult:
                 check_writable(Path(req.json).parent)
         except OSError as e:
             raise UsageError(str(e))
-    device, pool, cache, exp, plans = run_open.open_device(req, kernels)
+    device, pool, cache, exp, plans, memory = run_open.open_device(req, kernels)
     if req.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
         if pool is not None:
             pool.close()
@@ -143,6 +143,8 @@ def run(req: RunRequest) -> RunResult:
               .get(device.kind, ""))
     for line in scope(plans, selection(req)[1], req.trials or 40, req.neighbours, req.budget, cache, device).lines:
         print(line)
+    for line in (memory.lines(device.name) if memory is not None else ()):
+        print(line)
     if req.dry_run:
         for fp in plans:           # what the run would leave out, as the run says it
             if fp.unsupported:
@@ -155,6 +157,8 @@ def run(req: RunRequest) -> RunResult:
     run_name = run_outputs.run_name(req, device)
     storage = run_outputs.outputs_then_storage(req, device, pool, plans, skus, run_name)
     summary = new_summary()
+    if memory is not None:
+        summary["memory_plan"] = memory.to_dict()
     from .run_lock import run_lock
     from .storage import DEFAULT_STORAGE
     with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name):
@@ -178,20 +182,37 @@ def run(req: RunRequest) -> RunResult:
         clock = Clock(pool)
         steps = run_open.by_step(plans)
         configs_written = False
+        if steps.get(families.CONFIGS) and hasattr(pool, "use_phase"):
+            pool.use_phase(run_open.phase_name(families.CONFIGS))
         for fp in steps.get(families.CONFIGS, ()):
             configs_written |= run_configs(req, fp, device, pool, storage, req.budget, clock, run_name, warm, summary)
         if steps.get(families.CONFIGS) and not configs_written and not steps.get(families.BACKENDS):
+            _raise_incomplete(summary)
             raise NothingDone("no config of " + ", ".join(fp.name for fp in steps[families.CONFIGS]) + " ran "
                               "correctly at any batch size: nothing written (the lines above say why)")
         if steps.get(families.BACKENDS):
             from .run_backends import run_backend_choice
+            if hasattr(pool, "use_phase"):
+                pool.use_phase(run_open.phase_name(families.BACKENDS))
             run_backend_choice(req, steps[families.BACKENDS], device, pool, storage, run_name, summary)
             if summary.get("backends_chosen") is False and not configs_written:
                 raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[families.BACKENDS])
                                   + " ran correctly at a measured batch size: nothing written (the tables above "
                                   "say why; --skip-backends may have left out the ones that run)")
-    run_outputs.write_summary(req, device, summary)
+        if memory is not None:
+            summary["memory_plan"].update(measured_peak_bytes=pool.peak_bytes, resource_retries=pool.resource_retries,
+                                          workers_retired=pool.retired)
+    from .run_common import after_search
+    after_search(summary, f"--json {req.json}", run_outputs.write_summary, req, device, summary)
+    _raise_incomplete(summary)
     return RunResult(summary, str(Path(req.out) / device.file_name))
+
+
+def _raise_incomplete(summary: dict) -> None:
+    if summary.get("incomplete"):
+        raise Incomplete(f"{len(summary['incomplete'])} step(s) of the run failed or left a batch size without a key "
+                         "(the storage holds every measurement; the same command redoes the step without measuring): "
+                         + "; ".join(summary["incomplete"]))
 
 
 def worker(req: WorkerRequest) -> None:

@@ -105,6 +105,10 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
     from .models import Problem, problem_from_dict
     from .kernels.moe_layer import LayerError, MoeSides, time_sides, verdict
 
+    from .gpu_memory import hold_to_cap
+
+    if timer is None:
+        hold_to_cap()
     timer = timer or time_sides
     slow, lines, timed, held = 0, [], 0, set()
     for name, entry in sorted(prov["files"].items()):

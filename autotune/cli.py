@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from . import api, cli_parser
-from .cli_common import EXIT_BAD_INPUT, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
-from .errors import NothingDone, UsageError
+from .cli_common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+from .errors import Incomplete, NothingDone, UsageError
 
 
 # --- the commands that measure: a request from the flags, the library call (autotune.api) -------
@@ -40,6 +40,17 @@ def build_parser():
                                     "record": cmd_record})
 
 
+def _memory_cap_problem() -> str | None:
+    """AUTOTUNE_GPU_MEMORY read once, before any command: every command that touches the GPU obeys it."""
+    from .gpu_memory import GpuMemoryError, memory_cap
+
+    try:
+        memory_cap()
+    except GpuMemoryError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
     from .fsutil import FileFormatError, forcing
     from .models import ModelError
@@ -53,7 +64,7 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    why = cache_folders_problem()
+    why = cache_folders_problem() or _memory_cap_problem()
     if why:
         print(f"autotune: error: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -75,6 +86,9 @@ def main(argv=None) -> int:
     except NothingDone as e:
         print(f"autotune: {one_line(e)}", file=sys.stderr)
         return EXIT_NOTHING_DONE
+    except Incomplete as e:
+        print(f"autotune: incomplete: {one_line(e)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except Exception as e:
         import optuna
         import sqlalchemy.exc

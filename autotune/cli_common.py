@@ -10,6 +10,7 @@ from .models import MAX_BATCH
 EXIT_NOTHING_DONE = 1
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE_LOST = 3
+EXIT_INCOMPLETE = 4      # files written, but a step failed or a batch size has no key (errors.Incomplete)
 
 
 def add_selection(p: argparse.ArgumentParser) -> None:

@@ -223,7 +223,7 @@ def _problem_and_device(entry: dict):
         problem = problem_from_dict(entry.get("problem"))
     except ModelError:
         return None, None
-    from .device import SMEM_OPTIN
+    from .gpus import SMEM_OPTIN
     sm = entry.get("compute_capability") if type(entry.get("compute_capability")) is int else 90
     device = DeviceInfo.from_dict({"name": str(entry.get("device")), "sm": sm, "smem_optin": SMEM_OPTIN.get(sm, 0),
                                    "versions": {"triton": str(entry.get("triton"))}})

@@ -156,8 +156,8 @@ gpus = _typed(gpus, "gpus")
 
 
 def sm(text: str) -> int:
-    """A compute capability autotune knows (device.SMEM_OPTIN)."""
-    from .device import SMEM_OPTIN
+    """A compute capability autotune knows (gpus.SMEM_OPTIN)."""
+    from .gpus import SMEM_OPTIN
     v = count(1)(text)
     if v not in SMEM_OPTIN:
         raise argparse.ArgumentTypeError(f"must be a known compute capability ({', '.join(map(str, sorted(SMEM_OPTIN)))}), "

@@ -12,6 +12,7 @@ import copy
 import gzip
 import io
 import json
+import re
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,8 +37,29 @@ UNAVAILABLE = "unavailable"
 # check, before any kernel ran ("Current platform does not support NVFP4 ..."): a failure of the
 # backend here, shown as SGLang's answer.
 REFUSED = "refused"
+# The GPU's memory or the GPU itself was not there for the measurement (CUDA out of memory, a device busy
+# or unavailable, a context lost to either): the machine's state, never the config's verdict. The pool
+# retries such a measurement with fewer workers (autotune.worker) and never hands it to a study; a
+# storage or a recording of an earlier release that holds one as a runtime error or a crash is read
+# as not measured (`is_resource_failure`), so it is measured again.
+RESOURCE = "resource"
 STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED,
-            UNAVAILABLE, REFUSED)
+            UNAVAILABLE, REFUSED, RESOURCE)
+# What CUDA, torch, cuBLAS and cuDNN say when memory or the device is not there (Triton's "out of
+# resource: shared memory" is a config's own limit, OUT_OF_RESOURCES, and is not matched).
+_RESOURCE_TEXT = re.compile(r"out of memory|OutOfMemoryError|busy or unavailable|ALLOC_FAILED|"
+                            r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorDevicesUnavailable",
+                            re.IGNORECASE)
+
+
+def is_resource_reason(reason: str) -> bool:
+    return bool(_RESOURCE_TEXT.search(reason or ""))
+
+
+def is_resource_failure(m) -> bool:
+    """A failure of the machine, not of the config: this release's RESOURCE status, or an earlier
+    release's runtime error or crash whose reason says out of memory or a busy device."""
+    return m.status == RESOURCE or (m.status in (RUNTIME_ERROR, CRASH) and is_resource_reason(m.reason))
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1

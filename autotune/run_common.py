@@ -69,6 +69,28 @@ def load_warm_start(path):
     return warm
 
 
+def after_search(summary: dict, what: str, fn, *args, let_through=(), **kwargs):
+    """A step after the search (the layer check, writing files, --record, the summary): where it fails
+    the run says so in one line, notes it in the summary's "incomplete" list (the run then exits 4) and
+    goes on; what was measured is in the storage, so the same command does the step again without
+    measuring. Returns fn's result, None where it failed; `let_through`: exceptions the caller handles."""
+    import logging
+
+    try:
+        return fn(*args, **kwargs)
+    except let_through:
+        raise
+    except Exception as e:
+        from .inputs import one_line
+
+        logging.getLogger("autotune").debug("%s failed", what, exc_info=True)
+        line = f"{what} failed: {type(e).__name__}: {one_line(e)}"
+        print(f"  {line}; nothing measured is lost (the storage holds it): the same command does it again "
+              "without measuring", flush=True)
+        summary.setdefault("incomplete", []).append(line)
+        return None
+
+
 def new_summary() -> dict:
     """What the run did, for --json (filled by the steps, written once at its end)."""
     return {"command": "autotune " + " ".join(sys.argv[1:])}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .device import arch_section
+from .gpus import arch_section
 from .reading import parse_yaml, read_text
 
 # search_spaces/ at the top of a checkout; an installed wheel carries it inside the package.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from .records import INVALID, Measurement, config_key
+from .records import INVALID, Measurement, config_key, is_resource_failure
 
 # Optuna's INFO lines ("A new study created in RDB ...") are not the run's to print: quiet from the
 # first storage opened (--log-level debug turns them back on).
@@ -285,17 +285,31 @@ class Store:
             if t.state != optuna.trial.TrialState.COMPLETE or ATTR not in t.user_attrs:
                 continue
             m = Measurement.from_dict(t.user_attrs[ATTR])
+            if is_resource_failure(m):
+                self._heal(study, t)
+                continue
             self.measured[key].setdefault(config_key(m.config), m)
             if t.user_attrs.get("asked") and m.status != INVALID:
                 newly_asked += 1
         for name, value in study.user_attrs.items():
             if name.startswith("baseline:"):
                 m = Measurement.from_dict(value)
-                self.measured[key].setdefault(config_key(m.config), m)
+                if not is_resource_failure(m):      # else measured again (autotune.study's baselines)
+                    self.measured[key].setdefault(config_key(m.config), m)
             elif name.startswith("careful:"):
                 m = Measurement.from_dict(value)
-                self.careful.setdefault((*key, config_key(m.config)), m)
+                if not is_resource_failure(m):      # else re-measured by the selection
+                    self.careful.setdefault((*key, config_key(m.config)), m)
         return trials, requeued, newly_asked
+
+    @staticmethod
+    def _heal(study, t) -> None:
+        """An asked trial an earlier release told as its config's failure for want of GPU memory: not
+        counted against the budget, not known, and its config queued once to be asked again."""
+        mark = f"healed:{t.number}"
+        if t.user_attrs.get("asked") and mark not in study.user_attrs:
+            study.set_user_attr(mark, "a resource failure (GPU memory or device), measured again")
+            study.enqueue_trial(t.params, skip_if_exists=False)
 
     def known(self, key, config: dict):
         return self.measured[key].get(config_key(config))

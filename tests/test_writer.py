@@ -102,7 +102,7 @@ def test_a_failed_copy_leaves_no_partial_file(tmp_path, monkeypatch):
     assert not dst.exists() and not list(dst.parent.iterdir())
 
 
-def test_a_full_disk_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_mid_run_is_one_line_and_the_same_command_writes_without_measuring(tmp_path, capsys, monkeypatch):
     from autotune import fsutil
 
     real = fsutil.os.fsync
@@ -113,8 +113,14 @@ def test_a_full_disk_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
         return real(fd)
     monkeypatch.setattr(fsutil.os, "fsync", full)
     rc = main(_run(tmp_path))
-    assert "No space left on device" in _refused(capsys, rc)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 4 and len(err) == 1 and err[0].startswith("autotune: incomplete: "), (rc, err)
+    assert "No space left on device" in err[0] and "the same command redoes the step without measuring" in err[0]
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.stat().st_size == 0]
+    monkeypatch.setattr(fsutil.os, "fsync", real)              # the disk has room again
+    assert main(_run(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "(0 device measurements by this run" in out and "wrote " in out
 
 
 # --- backend choices: server_args.yaml keeps the user's lines ---------------------------------------

@@ -162,7 +162,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
         "sha256": {n: sha256(folder / n) for n in (up_name, down_name)},
     }
     write_json(prov_path, prov, ours=PROVENANCE_OURS)
-    return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept}
+    return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept,
+            "missing": [M for M in problem.batch_sizes if str(M) not in up_json]}
 
 
 def _r(x):

@@ -195,6 +195,33 @@ class TritonMoe:
     def tolerance(self, problem: Problem, on_cpu: bool = False) -> float:
         return TOLERANCE["fp32" if on_cpu else problem.dtype]
 
+    # -- GPU memory (autotune.gpu_memory) ---------------------------------------------------------
+    def footprint(self, problem: Problem, device: DeviceInfo, routings: int = 10):
+        """One worker's GPU memory for `problem`: both GEMMs' weights (kept for every M), the inputs,
+        outputs and float32 reference the worker keeps (about two of the largest batch's, for the heavier
+        GEMM: autotune.measurer evicts the rest), and the transient peak of building them or the weights."""
+        from ..gpu_memory import FLUSH_BYTES, Footprint
+
+        M = max(problem.batch_sizes)
+        held = max(_held_inputs(problem, g, M, routings) for g in GEMMS)
+        transient = max(max(_reference_transient(problem, g, M) for g in GEMMS), _weight_build_transient(problem))
+        return Footprint(f"{self.name} {problem.key}", {"weights": _weight_bytes(problem), "inputs": 2 * held,
+                                                        "workspace": FLUSH_BYTES + transient})
+
+    def main_footprint(self, problem: Problem, device: DeviceInfo):
+        """The run's own process checking the picks as SGLang runs the layer (autotune.confirm) at the
+        largest batch: the weights, three sides' layer buffers (each side's timing graph keeps its own),
+        the float32 layer reference."""
+        from ..gpu_memory import FLUSH_BYTES, Footprint
+
+        M, p = max(problem.batch_sizes), problem
+        T = M * p.top_k
+        layer = 2 * (M * p.K + (T + min(T, p.E + 1) * 255) * 2 * p.N + T * p.N + T * p.K + M * p.K)
+        reference = 4 * (3 * M * p.K + 2 * (3 * p.N * p.K))
+        return Footprint(f"the layer check of {problem.key}", {
+            "weights": _weight_bytes(p), "layer": 3 * layer, "reference": reference,
+            "workspace": FLUSH_BYTES + _weight_build_transient(p)})
+
     # -- inputs --------------------------------------------------------------------------------
     def make_inputs(self, problem: Problem, gemm: str, M: int, *, seed: int = 0, skew: float = 0.0,
                     routings: int = 10, on_cpu: bool = False) -> MoeInputs:
@@ -398,6 +425,38 @@ class TritonMoe:
             return q.view(A.shape[0], cols)[:, : A.shape[1]]
         s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
         return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+def _weight_bytes(p: Problem) -> int:
+    """Both GEMMs' expert weights as the kernel takes them (one byte an element for FP8), with scales."""
+    elem = 1 if p.dtype.startswith("fp8") else 2
+    weights = p.E * 3 * p.N * p.K * elem
+    if p.block_shape:
+        bn, bk = p.block_shape
+        return weights + 4 * p.E * (-(-2 * p.N // bn) * -(-p.K // bk) + -(-p.K // bn) * -(-p.N // bk))
+    return weights + (8 * p.E if elem == 1 else 0)
+
+
+def _weight_build_transient(p: Problem) -> int:
+    """The float32 chunk of 32 experts the weights are generated in, and FP8 quantization's copies of it."""
+    return 32 * 2 * p.N * p.K * 4 * (3 if p.dtype.startswith("fp8") else 1)
+
+
+def _held_inputs(p: Problem, gemm: str, M: int, routings: int) -> int:
+    """Bytes one batch size's inputs keep for `gemm`: activations per routing set, the output, the routing
+    and the float32 reference."""
+    T = M * p.top_k
+    rows, in_dim, out_dim = (M, p.K, 2 * p.N) if gemm == "gate_up" else (T, p.N, p.K)
+    return routings * (rows * in_dim * 2 + T * 8) + T * out_dim * (2 + 4)
+
+
+def _reference_transient(p: Problem, gemm: str, M: int) -> int:
+    """What building the float32 reference holds for a moment: the activation in float32 and, for down,
+    the routing-weighted copy of the result."""
+    T = M * p.top_k
+    if gemm == "gate_up":
+        return M * p.K * 4 * (2 if p.dtype.startswith("fp8") else 1)
+    return T * p.N * 4 + T * p.K * 4
 
 
 def random_routing(g, M: int, E: int, k: int, skew: float, sets: int):

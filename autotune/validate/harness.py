@@ -333,6 +333,10 @@ def run_harness(hm: HarnessModel, *, tp: int, device, tuned_dir: str | Path, bat
                 inner_repeats: int | None = None) -> dict:
     """Build the harness, check the tuned folder has this model's file, measure. Returns
     {"description", "runs", "configs", "checks", "shapes"}."""
+    from ..gpu_memory import hold_to_cap
+
+    if not on_cpu:
+        hold_to_cap()
     shapes = layer_shapes(hm, tp, dtype)
     h = DecodeHarness(shapes, device, tuned_dir, layers=layers, on_cpu=on_cpu, inner_repeats=inner_repeats)
     h.require_tuned_file()
