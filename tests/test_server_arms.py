@@ -323,3 +323,24 @@ def test_portable_leaves_no_absolute_path_and_keeps_what_is_not_one(parts):
     for kept in ("https://github.com/a/b", "../rel/x", "n/a", "tok/s"):
         if text == kept:
             assert out == kept
+
+
+def test_a_folder_changed_while_it_is_validated_gets_no_validation(tmp_path, capsys, monkeypatch):
+    """The judged bytes are read before any run and again before anything is written: a file changed in
+    between (a run writing into the folder meanwhile) would be judged half old, half new."""
+    import autotune.validate.server_arms as arms
+
+    configs = _copy_committed(tmp_path, "tuned_configs/NVIDIA_H200")
+    real = arms.read_runs
+
+    def read_and_touch(folder, tuned):
+        (configs / "server_args.yaml").write_text("moe-runner-backend: triton\n")
+        return real(folder, tuned)
+
+    monkeypatch.setattr(arms, "read_runs", read_and_touch)
+    out = tmp_path / "out"
+    assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs", str(configs),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("server_args.yaml changed): nothing written; validate it again") and len(err) == 1, err
+    assert not out.exists()
