@@ -108,14 +108,12 @@ def cmd_validate(args) -> int:
 
 
 def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_label: str, intro: list[str],
-            provenance, judged: tuple, extra_cols=None, plotter=None) -> int:
-    """`judged`: (the tuned folder, its judged.snapshot taken before measuring, where this validation's
-    numbers were measured)."""
+            provenance, extra_cols=None, plotter=None) -> int:
     from .gate import gate as run_gate
     from .report import build_record, comparison_table, write_reports
 
     result = run_gate(comparisons, allow_regression=args.allow_regression)
-    record = build_record(gate=result, comparisons=comparisons, judged=_judged(*judged), **record_kw)
+    record = build_record(gate=result, comparisons=comparisons, **record_kw)
     paths = write_reports(out, record, comparisons, title=title, x_label=x_label, intro=intro,
                           provenance=provenance, extra_cols=extra_cols, plotter=plotter)
     print()
@@ -217,10 +215,10 @@ def _validate_sglang(args) -> int:
              "throughput = `output_throughput` of `sglang.benchmark.serving` (random-ids, fixed lengths) and "
              "`sglang.benchmark.one_batch_server` (single request)."]
     return _finish(args, dict(engine="sglang", device=device, runs=res["runs"], settings=settings,
-                              extra={"servers": res["servers"]}),
+                              extra={"servers": res["servers"],
+                                     "judged": _judged(configs.root, judged, device.get("kind", "unknown"))}),
                    comparisons, out, title=f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
                    x_label="concurrency", intro=intro, provenance=configs.provenance,
-                   judged=(configs.root, judged, device.get("kind", "unknown")),
                    extra_cols={"median ITL ms (baseline / tuned)": latency})
 
 
@@ -276,10 +274,11 @@ def _validate_sglang_runs(args) -> int:
     settings = {"runs": list(args.from_runs), "runs_sha256": runs_sha256, "configs": str(configs), "sglang": version,
                 "command": "autotune " + " ".join(sys.argv[1:])}
     return _finish(args, dict(engine=f"sglang-server {version}", device=env, runs=[r.to_dict() for r in runs],
-                              settings=settings, extra={"arms_table": rows, "refused_runs": problems}),
+                              settings=settings,
+                              extra={"arms_table": rows, "refused_runs": problems,
+                                     "judged": _judged(configs, judged, "gpu" if env.get("gpu") else "unknown")}),
                    comps, out, title=f"SGLang {version}: tuned vs shipped and default", x_label="decode batch size",
                    intro=intro, provenance=configs / "provenance.json",
-                   judged=(configs, judged, "gpu" if env.get("gpu") else "unknown"),
                    plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
 
 
@@ -375,10 +374,11 @@ def _validate_harness(args) -> int:
                 "command": "autotune " + " ".join(sys.argv[1:])}
     return _finish(args, dict(engine="harness", device=device.to_dict(), runs=res["runs"], settings=settings,
                               extra={"harness": desc, "configs_used": _jsonable(res["configs"]),
-                                     "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows}),
+                                     "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows,
+                                     "judged": _judged(configs, judged, device.kind)}),
                    comparisons, out, title=f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
                    x_label="decode batch size", intro=intro, provenance=configs / "provenance.json",
-                   judged=(configs, judged, device.kind), extra_cols={"MoE share of step (default / tuned)": share})
+                   extra_cols={"MoE share of step (default / tuned)": share})
 
 
 MOE_SIDES = (("heuristic", "SGLang default (no file)"), ("default", "SGLang's folder (shipped)"), ("tuned", "tuned"))

@@ -82,7 +82,8 @@ def qwen35_hf_config(m: MoeModel, vocab_size: int = 248320) -> dict:
     """The HF config.json of a Qwen3.5-MoE preset (the keys SGLang's qwen3_5 model reads), from the
     released checkpoint's values; the vision tower is one tiny block (text-only requests never run it)."""
     if m.family != "qwen3.5" or m.linear is None:
-        raise ModelError(f"{m.name}: only Qwen3.5 and Qwen3-Next presets have a built-in HF config; pass --model-config")
+        raise ModelError(f"{m.name}: only Qwen3.5 and Qwen3-Next presets have a built-in HF config; "
+                         "pass --model-config")
     text = {
         "model_type": "qwen3_5_moe_text", **_qwen_text(m, vocab_size),
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,

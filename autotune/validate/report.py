@@ -24,12 +24,11 @@ REPORT_MD = "report.md"
 
 
 def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,
-                 runs: list[dict], settings: dict, extra: dict | None = None, judged: dict | None = None) -> dict:
-    """`judged`: the tuned folder's files and how it and this validation were measured (validate.judged)."""
+                 runs: list[dict], settings: dict, extra: dict | None = None) -> dict:
+    """`extra`: the engine's own keys, and `judged` (autotune.validate.judged: what the validation judged)."""
     return {"engine": engine, "date": utc_now(), "device": device, "versions": software_versions(),
             "settings": settings, "comparisons": [c.to_dict() for c in comparisons],
-            "gate": gate.to_dict() if gate else None, "runs": runs, **(extra or {}),
-            **({"judged": judged} if judged is not None else {})}
+            "gate": gate.to_dict() if gate else None, "runs": runs, **(extra or {})}
 
 
 def plot(path: Path, comparisons: list[Comparison], *, title: str, x_label: str, y_label: str) -> bool:
@@ -226,8 +225,8 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
         md += [tables or "(provenance.json lists no per-batch-size results)", ""]
     text, shortened = portable("\n".join(md))
     if shortened:
-        text = text.rstrip("\n") + (f"\n\n(Absolute paths are shortened here to their last {KEPT_PARTS} parts, "
-                                    f"`…/`; [{VALIDATION_JSON}]({VALIDATION_JSON}) and provenance.json keep them whole.)\n")
+        text = text.rstrip("\n") + (f"\n\n(Absolute paths are shortened here to their last {KEPT_PARTS} parts, `…/`; "
+                                    f"[{VALIDATION_JSON}]({VALIDATION_JSON}) and provenance.json keep them whole.)\n")
     write_atomic(paths["md"], text)
     if not has_plot:
         paths.pop("plot")
