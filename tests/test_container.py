@@ -115,7 +115,8 @@ def names():
     yield name
     for kind in ("container", "volume", "network"):
         for n in made[kind]:
-            args = ("rm", "-f", n) if kind == "container" else (kind, "rm", "-f", n)
+            # -v: with the container, the anonymous volumes its image declares (/cache)
+            args = ("rm", "-f", "-v", n) if kind == "container" else (kind, "rm", "-f", n)
             engine(*args, check=False)
 
 
