@@ -98,8 +98,12 @@ def _diff(a: str, b: str, name: str) -> str:
 
 @pytest.mark.slow
 def test_the_readme_main_job_writes_what_it_wrote_before(tmp_path):
+    assert_as_recorded(outputs(tmp_path, run_main_job(tmp_path)))
+
+
+def assert_as_recorded(got: dict) -> None:
+    """`got` (outputs()) is what the recording holds: files, stdout and storage rows."""
     want = json.loads(gzip.decompress(GOLDEN.read_bytes()))
-    got = outputs(tmp_path, run_main_job(tmp_path))
     assert got["written"] == want["written"]
     for name, text in want["files"].items():
         assert got["files"][name] == text, _diff(text, got["files"][name], name)
