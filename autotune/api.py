@@ -159,9 +159,12 @@ def run(req: RunRequest) -> RunResult:
     summary = new_summary()
     if memory is not None:
         summary["memory_plan"] = memory.to_dict()
+    from .folder_change import folder_change
     from .run_lock import run_lock
     from .storage import DEFAULT_STORAGE
-    with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name):
+    with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name), \
+            folder_change(Path(req.out) / device.file_name) as change:
+        change.begin()
         label = ("REPLAY of a recorded measurement cache (" + req.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
         print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
@@ -202,6 +205,9 @@ def run(req: RunRequest) -> RunResult:
         if memory is not None:
             summary["memory_plan"].update(measured_peak_bytes=pool.peak_bytes, resource_retries=pool.resource_retries,
                                           workers_retired=pool.retired)
+    if change.outcome:
+        print(change.outcome)
+        summary.setdefault("incomplete", []).append(change.outcome)
     from .run_common import after_search
     after_search(summary, f"--json {req.json}", run_outputs.write_summary, req, device, summary)
     _raise_incomplete(summary)

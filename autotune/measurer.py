@@ -19,6 +19,9 @@ from .tasks import Settings, Task
 # Share of a worker's memory limit its kept inputs may fill (the rest: the family's weights are counted in
 # it too, and what a reference or a timing allocates for a moment).
 KEEP = 0.7
+# Share of the limit a task may count on before inputs are built (the allocator's rounding and
+# fragmentation take the rest).
+ROOM = 0.9
 # Messages of a CUDA error after which the process's context cannot be trusted.
 _FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launch failure",
                "illegal instruction", "device-side assert", "an illegal", "CUDA error: unknown error")
@@ -118,6 +121,27 @@ class Measurer:
             self._release()
         return int(cuda.max_memory_reserved())
 
+    def make_room(self, family, problem, gemm: str, M: int) -> int:
+        """Before a batch size's inputs are built: the least recently used ones dropped until what this
+        task needs (the family's `task_bytes`: its inputs, outputs, reference and their transients) fits
+        under the worker's limit beside what stays. Without it the kept inputs of earlier batch sizes
+        push a large batch over the limit, an out-of-memory of the worker's own making. Returns how many
+        were dropped."""
+        need = getattr(family, "task_bytes", None)
+        if self.limit is None or need is None or self.settings.on_cpu:
+            return 0
+        need = need(problem, gemm, M, self.settings.routings)
+        dropped = 0
+        while self.inputs and self._allocated() + need > ROOM * self.limit:
+            del self.inputs[next(iter(self.inputs))]
+            dropped += 1
+        if dropped:
+            self._release()
+        return dropped
+
+    def _allocated(self) -> int:
+        return int(self.torch.cuda.memory_allocated())
+
     def _release(self) -> None:
         if not self.settings.on_cpu:
             import gc
@@ -144,6 +168,7 @@ class Measurer:
             for k in [k for k in self.inputs if k[:2] != key[:2]]:
                 del self.inputs[k]
             s = self.settings
+            self.make_room(family, problem, gemm, M)
             self.inputs[key] = family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
                                                   routings=s.routings, on_cpu=s.on_cpu)
         self.inputs[key] = self.inputs.pop(key)      # most recently used last (trim drops from the front)

@@ -69,11 +69,13 @@ def load_warm_start(path):
     return warm
 
 
-def after_search(summary: dict, what: str, fn, *args, let_through=(), **kwargs):
+def after_search(summary: dict, what: str, fn, *args, let_through=(), folder_step=False, **kwargs):
     """A step after the search (the layer check, writing files, --record, the summary): where it fails
     the run says so in one line, notes it in the summary's "incomplete" list (the run then exits 4) and
     goes on; what was measured is in the storage, so the same command does the step again without
-    measuring. Returns fn's result, None where it failed; `let_through`: exceptions the caller handles."""
+    measuring. Returns fn's result, None where it failed; `let_through`: exceptions the caller handles;
+    `folder_step`: the step writes into the tuned folder, whose change is then thrown away whole
+    (autotune.folder_change: a folder changes as one)."""
     import logging
 
     try:
@@ -84,10 +86,15 @@ def after_search(summary: dict, what: str, fn, *args, let_through=(), **kwargs):
         from .inputs import one_line
 
         logging.getLogger("autotune").debug("%s failed", what, exc_info=True)
-        line = f"{what} failed: {type(e).__name__}: {one_line(e)}"
+        from .folder_change import in_words
+
+        line = in_words(f"{what} failed: {type(e).__name__}: {one_line(e)}")
         print(f"  {line}; nothing measured is lost (the storage holds it): the same command does it again "
               "without measuring", flush=True)
         summary.setdefault("incomplete", []).append(line)
+        if folder_step:
+            from .folder_change import fail_open
+            fail_open(line)
         return None
 
 

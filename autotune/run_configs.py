@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .errors import UsageError
+from .folder_change import real, tuned_folder
 from .run_common import after_search, no_bar, record_measurements, triton_settings
 
 
@@ -35,7 +36,7 @@ def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, s
                          (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
     if wrote:
         after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                     req, device, family)
+                     req, device, family, folder_step=True)
     return wrote
 
 
@@ -63,10 +64,10 @@ def overlay(req, device, family) -> None:
     from .export.overlay import overlay_shipped
     from .export.skus import copy_for_skus
 
-    folder = Path(req.out) / device.file_name
+    folder = tuned_folder(req.out, device)
     skus = sku_names(req, device)
     for path in copy_for_skus(folder, device.name, list(skus)):
-        print(f"  wrote {path} (same configs, for another SKU)")
+        print(f"  wrote {real(path)} (same configs, for another SKU)")
     rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
     print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
@@ -97,9 +98,10 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
     written = after_search(summary, f"writing the files of {p.key}", export_problem, req.out, device, p, choices,
-                           run_info, tuner.family.sglang_versions)
+                           run_info, tuner.family.sglang_versions, folder_step=True)
     if written is None:
         return False
+    written["files"] = [real(f) for f in written["files"]]
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} configs measured "
           f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
           f"included), device time {clock.device_s():.0f} s")

@@ -151,3 +151,32 @@ def test_every_catalog_gpu_plans_the_default_job():
     for gpu in CATALOG:
         dev = planned_gpu(gpu.name)
         assert dev.sm == gpu.sm and dev.smem_optin == gpu.smem_optin and dev.num_sms == gpu.num_sms
+
+
+def test_a_worker_makes_room_for_a_large_batch_before_building_it():
+    """The kept inputs of earlier batch sizes are dropped, least recently used first, until the next
+    batch size's need fits under the worker's limit (on the H100 a worker holding them ran its own
+    M=4096 out of memory); what still fits beside it stays."""
+    from autotune.kernels.triton_moe import TritonMoe
+    from autotune.measurer import ROOM, Measurer
+    from autotune.models import Problem
+    from autotune.tasks import Settings
+
+    fam = TritonMoe()
+    p = Problem(512, 128, 4096, 10, "bf16")
+    m = Measurer(Settings(), lock_fd=-1)
+    m.limit = 5 * GiB
+    held = {}                                     # key -> bytes its inputs hold
+    m._allocated = lambda: 1_500_000_000 + sum(held[k] for k in m.inputs)
+    m._release = lambda: None
+    for M in (1, 64, 1024, 2048):
+        key = (fam.name, p.key, "down", M)
+        m.inputs[key] = object()
+        held[key] = fam.task_bytes(p, "down", M)
+    need = fam.task_bytes(p, "down", 4096)
+    assert m._allocated() + need > ROOM * m.limit          # as it was: no room for M=4096
+    dropped = m.make_room(fam, p, "down", 4096)
+    assert dropped >= 1 and m._allocated() + need <= ROOM * m.limit
+    kept = [k[3] for k in m.inputs]
+    assert kept == [1, 64, 1024, 2048][dropped:]            # least recently used went first
+    assert m.make_room(fam, p, "down", 1) == 0              # a small one fits beside them: nothing dropped

@@ -208,6 +208,13 @@ class TritonMoe:
         return Footprint(f"{self.name} {problem.key}", {"weights": _weight_bytes(problem), "inputs": 2 * held,
                                                         "workspace": FLUSH_BYTES + transient})
 
+    def task_bytes(self, problem: Problem, gemm: str, M: int, routings: int = 10) -> int:
+        """What measuring one batch size of one GEMM allocates beside the weights: its inputs, output and
+        float32 reference, the reference's transient and the L2 flush buffer (autotune.measurer.make_room)."""
+        from ..gpu_memory import FLUSH_BYTES
+
+        return _held_inputs(problem, gemm, M, routings) + _reference_transient(problem, gemm, M) + FLUSH_BYTES
+
     def main_footprint(self, problem: Problem, device: DeviceInfo):
         """The run's own process checking the picks as SGLang runs the layer (autotune.confirm) at the
         largest batch: the weights, three sides' layer buffers (each side's timing graph keeps its own),
