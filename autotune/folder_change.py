@@ -228,13 +228,36 @@ def _files(root: Path) -> dict:
 
 
 FOLDER_SHA256 = "folder_sha256"
+# What `autotune validate` writes into a folder it judged (its record names the folder's other files' bytes)
+VALIDATION_JSON, PLOT_PNG, REPORT_MD = "validation.json", "validation.png", "report.md"
+VALIDATE_OUTPUTS = (VALIDATION_JSON, REPORT_MD, PLOT_PNG)
+RAW_RUNS = "validation_runs"          # `validate --engine sglang` keeps its raw results there
+
+
+def folder_sha256(folder: str | Path, outputs_aside: bool = True) -> dict[str, str]:
+    """{path in the folder (with /): sha256} of every regular file; `outputs_aside`: validate's own
+    outputs left out. Links to folders are not followed (what they hold is not the folder's)."""
+    import hashlib
+
+    from .reading import read_bytes
+
+    root = Path(folder)
+    out = {}
+    for here, dirs, files in os.walk(root):
+        rel_here = Path(here).relative_to(root)
+        if outputs_aside and rel_here == Path("."):
+            dirs[:] = [d for d in dirs if d != RAW_RUNS]
+            files = [f for f in files if f not in VALIDATE_OUTPUTS]
+        for name in files:
+            path = Path(here) / name
+            if path.is_file():
+                out[(rel_here / name).as_posix()] = hashlib.sha256(read_bytes(path)).hexdigest()
+    return dict(sorted(out.items()))
 
 
 def folder_hashes(folder: Path) -> dict:
     """{path in the folder: sha256} of every file autotune vouches for: all but provenance.json itself and
     validate's own outputs (a validation names the bytes it judged, provenance.json among them)."""
-    from .validate.judged import folder_sha256
-
     return {rel: sha for rel, sha in folder_sha256(folder).items() if rel != "provenance.json"}
 
 

@@ -20,28 +20,9 @@ import os
 from pathlib import Path
 
 from ..reading import load_json, read_bytes
-from .report import PLOT_PNG, REPORT_MD, VALIDATION_JSON
+from ..folder_change import RAW_RUNS, VALIDATION_JSON, VALIDATE_OUTPUTS as OUTPUTS, folder_sha256  # noqa: F401
 
-OUTPUTS = (VALIDATION_JSON, REPORT_MD, PLOT_PNG)
-RAW_RUNS = "validation_runs"          # `validate --engine sglang` keeps its raw results there
 GPU = "gpu"
-
-
-def folder_sha256(folder: str | Path, outputs_aside: bool = True) -> dict[str, str]:
-    """{path in the folder (with /): sha256} of every regular file; `outputs_aside`: validate's own
-    outputs left out. Links to folders are not followed (what they hold is not the folder's)."""
-    root = Path(folder)
-    out = {}
-    for here, dirs, files in os.walk(root):
-        rel_here = Path(here).relative_to(root)
-        if outputs_aside and rel_here == Path("."):
-            dirs[:] = [d for d in dirs if d != RAW_RUNS]
-            files = [f for f in files if f not in OUTPUTS]
-        for name in files:
-            path = Path(here) / name
-            if path.is_file():
-                out[(rel_here / name).as_posix()] = hashlib.sha256(read_bytes(path)).hexdigest()
-    return dict(sorted(out.items()))
 
 
 def tree_sha256(path: str | Path) -> str:

@@ -18,9 +18,7 @@ from ..fsutil import (FileFormatError, bytes_holding, claim_all, forced, json_wi
 from . import ValidateError
 from .gate import Comparison, GateResult
 
-VALIDATION_JSON = "validation.json"
-PLOT_PNG = "validation.png"
-REPORT_MD = "report.md"
+from ..folder_change import PLOT_PNG, REPORT_MD, VALIDATION_JSON  # noqa: F401  (validate's outputs, named where the folder is)
 
 
 def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,
