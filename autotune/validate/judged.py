@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from ..reading import load_json, read_bytes
