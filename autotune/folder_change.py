@@ -7,8 +7,9 @@ disk, a refused file, a crash) would otherwise leave a new gate_up file beside a
 provenance that vouches for neither.
 
 So a command that writes into a tuned folder holds a `FolderChange` on it:
-- one writer at a time: an flock on `<out>/.<device>.lock`, taken before anything is measured (a second
-  run into the same folder is refused in one line, exit 2); the lock dies with its process;
+- one writer at a time: an flock on a file named after the folder in the temp folder, taken before anything
+  is measured (a second run into the same folder is refused in one line, exit 2); the lock dies with its
+  process;
 - the change is staged whole in a copy beside the folder (`<out>/.<device>.staged-<pid>`, same file
   system), and every path of the folder is read and written there (`tuned_folder` names it);
 - at the end the staged copy is swapped in by one rename (Linux's renameat2 RENAME_EXCHANGE; where the
@@ -24,7 +25,9 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import hashlib
 import os
+import tempfile
 import shutil
 from pathlib import Path
 
@@ -80,7 +83,9 @@ class FolderChange:
     def __init__(self, folder: str | Path, record_hashes: bool = True):
         self.folder = _key(folder)
         self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
-        self.lock_path = self.folder.parent / f".{self.folder.name}.lock"
+        # In the temp folder, as autotune.run_lock's: the user's folder gets no litter (one host reaches it)
+        self.lock_path = Path(tempfile.gettempdir()) / (
+            "autotune-folder-" + hashlib.sha1(str(self.folder).encode()).hexdigest()[:16] + ".lock")
         self.staging: Path | None = None
         self.failed: str | None = None
         self._fd: int | None = None
@@ -90,7 +95,6 @@ class FolderChange:
 
     # -- one writer ------------------------------------------------------------------------------
     def lock(self) -> "FolderChange":
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,6 +115,9 @@ class FolderChange:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
+        if getattr(self, "_made_parent", False) and not self.folder.exists():
+            with contextlib.suppress(OSError):    # nothing went in: the run leaves no empty output folder
+                self.folder.parent.rmdir()
         _ACTIVE.pop(self.folder, None)
         if self._fd is not None:
             os.close(self._fd)           # the flock goes with it
@@ -124,6 +131,7 @@ class FolderChange:
         staging = self.folder.parent / f".{self.folder.name}.staged-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         self._existed = self.folder.is_dir()
+        self._made_parent = not self.folder.parent.exists()
         if self._existed:
             shutil.copytree(self.folder, staging, symlinks=True)
         else:
