@@ -33,7 +33,7 @@ def _add_search_args(p) -> None:
 
 
 def _add_storage_and_out(p) -> None:
-    p.add_argument("--storage", type=inputs.path, help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--storage", type=inputs.storage_url, help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--out", type=inputs.path, help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--device-name", action="append", metavar="NAME",
                    help="also write the tuned files under another SKU's name of the same chip, as "
@@ -113,7 +113,7 @@ def build_parser(commands: dict) -> inputs.Parser:
     add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
-    p.add_argument("--storage", required=True, type=inputs.path, help="shared Optuna storage URL, e.g. postgresql://...")
+    p.add_argument("--storage", required=True, type=inputs.storage_url, help="shared Optuna storage URL, e.g. postgresql://...")
     p.add_argument("--gpu", dest="gpus", type=inputs.gpus, default="0", help="the GPU this worker measures on")
     p.add_argument("--heartbeat", type=inputs.count(1, MAX_HEARTBEAT), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")

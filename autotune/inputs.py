@@ -178,6 +178,21 @@ def path(text: str) -> str:
 path = _typed(path, "path")
 
 
+def storage_url(text: str) -> str:
+    """An Optuna storage URL SQLAlchemy reads, naming what SQLite would open (autotune.storage_url)."""
+    from .storage_url import StorageUrlError, parse, safe_url
+
+    path(text)
+    try:
+        parse(text)
+    except StorageUrlError as e:
+        raise argparse.ArgumentTypeError(f"{safe_url(text)} {e}") from None
+    return text
+
+
+storage_url = _typed(storage_url, "storage")
+
+
 def shell_words(text: str) -> tuple[str, ...]:
     """Arguments written as a shell would split them (`--server-args="--mem-fraction-static 0.85"`)."""
     try:

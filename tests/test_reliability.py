@@ -132,10 +132,10 @@ CASES = {
                                    "--only-drifted: "),
     "storage-read-only": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
                                      f"sqlite:///file:{_sqlite_db(t / 'ro.db')}?mode=ro&uri=true", "--replay", str(GRID),
-                                     "--batch-sizes", "8"], 2, "cannot be written"),
+                                     "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
     "storage-read-only-studies": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
                                              f"sqlite:///file:{_optuna_db(t / 'ro.db')}?mode=ro&uri=true", "--replay",
-                                             str(GRID), "--batch-sizes", "8"], 2, "cannot be written"),
+                                             str(GRID), "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
     # issue 23: inputs none of the rows above named, each now refused by construction
     "config-text-config-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
         {"text_config": [1, 2]}))], 2, "text_config holds a list, not a JSON object"),
