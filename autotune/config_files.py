@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .fsutil import sha256
+from .names import DeviceName, TritonVersion
 from .reading import load_json
 
 
@@ -74,11 +75,11 @@ class PerM(_Record):
 class FileEntry(_Record):
     down_file: Optional[FileName] = None
     problem: Optional[dict] = None
-    device: Optional[str] = None
+    device: Optional[DeviceName] = None
     compute_capability: Optional[int] = None
-    triton: Optional[FileName] = None          # names its configs/triton_<version>/ folder
+    triton: Optional[TritonVersion] = None     # names its configs/triton_<version>/ folder
     measured_on: Optional[str] = None
-    measured_on_sku: Optional[str] = None
+    measured_on_sku: Optional[DeviceName] = None
     sglang_versions: Optional[list[str]] = None
     per_M: dict[str, PerM] = {}
     sha256: dict[str, str] = {}
@@ -92,7 +93,7 @@ class Overlay(_Record):
 
 
 class RecordedDevice(_Record):
-    name: Optional[str] = None
+    name: Optional[DeviceName] = None           # names the folder and branch publish writes
     sm: Optional[int] = None
     driver: Optional[str] = None
     versions: dict = {}
@@ -105,7 +106,7 @@ class Provenance(_Record):
 
 
 class ChoiceDevice(_Record):
-    name: str
+    name: DeviceName
     sm: int
     kind: str = "gpu"
     versions: dict = {}

@@ -22,8 +22,8 @@ FULL_SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
 
 
 def _cache_header(name="NVIDIA B200", sm=100) -> str:
-    return json.dumps({"kind": "autotune-measurement-cache", "version": 1, "device": {"name": name, "sm": sm},
-                       "problems": {}, "notes": {}}) + "\n"
+    return json.dumps({"kind": "autotune-measurement-cache", "version": 1, "device": {
+        "name": name, "sm": sm, "smem_optin": 232448, "versions": {"triton": "3.6.0"}}, "problems": {}, "notes": {}}) + "\n"
 
 
 def _gz(path: Path, text: str) -> Path:
@@ -255,7 +255,7 @@ CASES = {
                                          "logs: not a writable file"),
     "replay-triton-version-a-path": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d["versions"].update(triton="3.6.0/../../x")))], 2,
-        "its device versions.triton '3.6.0/../../x' is not a plain name"),
+        "its header's device.versions.triton: '3.6.0/../../x' is not a Triton version"),
     "batch-sizes-underscore": (lambda t: _run(t, bs="8_0"), 2, "--batch-sizes must be a comma-separated list of integers, got '8_0'"),
     "batch-sizes-trailing-comma": (lambda t: _run(t, bs="8,"), 2, "--batch-sizes has an empty entry in '8,'"),
     "count-other-digits": (lambda t: _run(t, "--trials", "\uff18"), 2, "--trials must be an integer"),
