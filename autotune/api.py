@@ -109,6 +109,7 @@ def run(req: RunRequest) -> RunResult:
         kernels = parse_kernels(req.kernels)
     except PlanError as e:
         raise UsageError(str(e))
+    check_for_kernels(req, kernels)
     if req.out is None and req.only_drifted:
         req = dataclasses.replace(req, out=str(Path(req.only_drifted).resolve().parent))   # back where they were
     if req.out is None:
@@ -192,6 +193,23 @@ def run(req: RunRequest) -> RunResult:
                                   "say why; --skip-backends may have left out the ones that run)")
     run_outputs.write_summary(req, device, summary)
     return RunResult(summary, str(Path(req.out) / device.file_name))
+
+
+def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
+    """The settings of one family need it among the run's kernels: without it they were ignored in
+    silence (a search space never read, server_args.yaml naming another family's runner)."""
+    from .warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
+
+    readers = {"--search-space": [n for n in families.names() if "space_path" in families.get(n).options],
+               "--warm-start": [FAMILY], "--only-drifted": [FAMILY]}
+    for flag, value in (("--search-space", req.search_space), ("--warm-start", req.warm_start),
+                        ("--only-drifted", req.only_drifted)):
+        if value is not None and not set(readers[flag]) & set(kernels):
+            raise UsageError(f"{flag} is read by {', '.join(readers[flag])}, which --kernels {req.kernels} does not "
+                             f"run: add it to --kernels or leave {flag} out")
+    if req.checkpoint is not None and req.checkpoint not in kernels:
+        raise UsageError(f"--checkpoint {req.checkpoint} names a family --kernels {req.kernels} does not run: add it "
+                         "to --kernels or leave --checkpoint out")
 
 
 def worker(req: WorkerRequest) -> None:

@@ -125,7 +125,7 @@ class BackendChoices(_Record):
     checkpoint: Optional[str] = None
 
 
-def _problem(model, doc) -> str | None:
+def first_error(model, doc) -> str | None:
     try:
         model.model_validate(doc)
     except ValidationError as e:
@@ -138,12 +138,12 @@ def _problem(model, doc) -> str | None:
 
 def choices_problem(doc) -> str | None:
     """Why `doc` is not a backend_choice.json autotune reads; None when it is."""
-    return _problem(BackendChoices, doc)
+    return first_error(BackendChoices, doc)
 
 
 def provenance_problem(doc) -> str | None:
     """Why `doc` is not a provenance.json autotune reads; None when it is."""
-    return _problem(Provenance, doc)
+    return first_error(Provenance, doc)
 
 
 def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:

@@ -253,15 +253,22 @@ def _parse_cache(path: Path) -> Cache:
 
 def header_problem(header) -> str | None:
     """Why `header` (a recording's first line, parsed) is not one a replay reads; None when it is."""
-    from .config_files import _problem
+    from .config_files import first_error
     from .recording_header import CacheHeader
 
-    why = _problem(CacheHeader, header)
+    why = first_error(CacheHeader, header)
     return why and f"its header's {why}"
 
 
 def merge_caches(paths: list[str | Path]) -> Cache:
-    """Several partial recordings of one device into one cache (device and versions must agree)."""
+    """Several partial recordings of one device into one cache (device and versions must agree), each
+    named once."""
+    seen: dict = {}
+    for p in paths:
+        where = Path(p).resolve()
+        if where in seen:
+            raise CacheError(f"{p} is named twice (also as {seen[where]}): name each recording once")
+        seen[where] = p
     caches = [read_cache(p) for p in paths]
     base = caches[0]
     for other, p in zip(caches[1:], paths[1:]):

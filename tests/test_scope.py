@@ -111,4 +111,4 @@ def test_a_target_device_must_be_known_and_only_plans(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a GPU autotune can plan for; known: 'NVIDIA H200'" in err[0]
     assert main(["run", "--shapes", "qwen3.5", "--target-device", "NVIDIA H200", "--out", str(tmp_path / "o")]) == 2
-    assert "it needs --dry-run" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert "--target-device needs --dry-run" in capsys.readouterr().err and not (tmp_path / "o").exists()
