@@ -119,12 +119,10 @@ def run(req: RunRequest) -> RunResult:
         from .fsutil import check_writable
         try:
             check_writable(req.out)
-            if req.json:
-                if Path(req.json).is_dir():
-                    raise OSError(f"--json {req.json} is a folder; name a file")
-                check_writable(Path(req.json).parent)
         except OSError as e:
             raise UsageError(str(e))
+        if req.json and Path(req.json).is_dir():
+            raise UsageError(f"--json {req.json} is a folder; name a file")
     device, pool, cache, exp, plans = run_open.open_device(req, kernels)
     if req.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
         if pool is not None:

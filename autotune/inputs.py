@@ -105,7 +105,7 @@ class Parser(argparse.ArgumentParser):
             flag, what = m.group(1).split("/")[-1], m.group(2)
             other = re.fullmatch(r"not allowed with argument (\S+)", what)      # a mutually exclusive group's
             message = (f"{other.group(1).split('/')[-1]} and {flag} exclude each other: give one" if other else
-                       f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is not ", "is given "))
+                       f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is ", "names "))
                        else f"{flag}: {what}")
         raise BadInput(f"{message} ({self.prog} --help lists the flags)"
                        if "unrecognized arguments" in message or "required" in message else message)
@@ -251,9 +251,16 @@ sm = _typed(sm, "sm")
 
 
 def path(text: str) -> str:
-    """A named file or folder (an empty string is not one)."""
+    """A named file or folder (an empty string is not one) whose name the file system can hold:
+    a part longer than its names may be was an OSError traceback where the path was first looked at,
+    or a refusal only when the file was written, after measuring."""
+    from .fsutil import name_problem
+
     if not str(text).strip():
         raise argparse.ArgumentTypeError("must name a path, got ''")
+    why = name_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
     return text
 
 
@@ -262,13 +269,18 @@ path = _typed(path, "path")
 
 def storage_url(text: str) -> str:
     """An Optuna storage URL SQLAlchemy reads, naming what SQLite would open (autotune.storage_url)."""
+    from .fsutil import name_problem
     from .storage_url import StorageUrlError, parse, safe_url
 
-    path(text)
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("must name a path, got ''")
     try:
-        parse(text)
+        target = parse(text)
     except StorageUrlError as e:
         raise argparse.ArgumentTypeError(f"{safe_url(text)} {e}") from None
+    why = target.file is not None and name_problem(target.file)
+    if why:
+        raise argparse.ArgumentTypeError(f"{safe_url(text)}: the SQLite file {why}")
     return text
 
 

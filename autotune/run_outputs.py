@@ -87,9 +87,9 @@ def check_outputs(req, device, plans, skus=()) -> None:
 def check_distinct_files(req, device) -> None:
     """The run's single-file outputs name different files, none inside the tuned folder (which the
     export owns) and none under a file: each was said only after measuring, when written."""
-    from .storage import DEFAULT_STORAGE, StorageError, sqlite_file
-
+    from .fsutil import check_writable
     from .run_open import check_worker_log
+    from .storage import DEFAULT_STORAGE, StorageError, sqlite_file
 
     if getattr(req, "worker_log", None):
         check_worker_log(req.worker_log)       # a replay starts no worker, but the flag is still checked
@@ -114,6 +114,11 @@ def check_distinct_files(req, device) -> None:
         above = next((p for p in where.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise UsageError(f"{flag} {path}: {above} is a file, not a folder")
+        if flag != "--storage":         # (the storage's own checks say why SQLite cannot write there)
+            try:
+                check_writable(where.parent)
+            except OSError as e:
+                raise UsageError(f"{flag} {path}: {e}") from None
 
 
 def check_record_file(path) -> None:
