@@ -1,8 +1,9 @@
 """The names a file hands us that become file names, folder names or printed lines: a GPU's name
 (SGLang's `device_name=` in every config file name, the tuned folder's name) and a Triton version
-(the `configs/triton_<version>/` folder SGLang reads). One rule each, for every reader: a recording's
-header (records.py), a provenance.json and backend_choice.json (config_files.py) and `--device-name`
-(export/skus.py).
+(the `configs/triton_<version>/` folder SGLang reads), a release's version, and any other text a
+file hands us to print (one printable line). One rule each, for every reader: a recording's header
+(recording_header.py), a provenance.json and backend_choice.json (config_files.py) and
+`--device-name` (export/skus.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,28 @@ def triton_version_problem(version) -> str | None:
     return None
 
 
+# A version as a package or a release spells it (3.6.0, 0.5.23, 2.11.0+cu130, 580.159.04).
+VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+
+
+def version_problem(version) -> str | None:
+    if not isinstance(version, str) or not VERSION.fullmatch(version):
+        return f"{version!r:.60} is not a version (as a release names itself: '0.5.23', '2.11.0+cu130')"
+    return None
+
+
+def plain_text_problem(text, most: int = 400) -> str | None:
+    """Why `text` is not one printable line of at most `most` characters (None when it is): a newline,
+    a tab or another control character split the lines autotune prints and the names it writes."""
+    if not isinstance(text, str):
+        return f"{text!r:.40} is not text"
+    if not text.isprintable():
+        return f"{text!r:.60} holds a control character (a newline, a tab): names and notes are one printable line"
+    if len(text) > most:
+        return f"{text[:40]!r}... is {len(text)} characters long, above {most}"
+    return None
+
+
 def _checked(problem):
     def check(v):
         why = problem(v)
@@ -49,3 +72,5 @@ def _checked(problem):
 
 DeviceName = Annotated[str, _checked(device_name_problem)]
 TritonVersion = Annotated[str, _checked(triton_version_problem)]
+Version = Annotated[str, _checked(version_problem)]
+PlainText = Annotated[str, _checked(plain_text_problem)]

@@ -387,7 +387,7 @@ CASES = {
                                                    "--batch-sizes", "8"], 2,
                                         "--no-retime and --batch-sizes exclude each other"),
     "merge-caches-same-recording-twice": (lambda t: ["merge-caches", str(GRID), f"{GRID.parent}/./{GRID.name}", "-o",
-                                                     str(t / "m.jsonl.gz")], 2, f"caches: names {str(GRID)!r} twice"),
+                                                     str(t / "m.jsonl.gz")], 2, f"caches names {str(GRID)!r} twice"),
     "worker-gpu-and-gpus": (lambda t: ["worker", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16",
                                        "--replay", str(GRID), "--storage", f"sqlite:///{t / 'a.db'}", "--gpus", "0",
                                        "--gpu", "1"], 2, "--gpu is given with --gpus, which sets the same: give one"),
@@ -397,7 +397,37 @@ CASES = {
                                         "--search-space is read by triton_moe, which --kernels fp8_gemm does not run"),
     "checkpoint-of-a-family-not-run": (lambda t: _run(t, "--checkpoint", "moe_bf16"), 2,
                                        "--checkpoint moe_bf16 names a family --kernels triton_moe does not run"),
+    "provenance-file-name-newline": (lambda t: _check_edited(t, lambda prov: prov["files"].update(
+        {"E=512,N=128,device_name=NVIDIA_H200\n.json": prov["files"].popitem()[1]})), 2,
+        "'E=512,N=128,device_name=NVIDIA_H200\\n.json' is not a plain file name (printable ASCII, no control character)"),
+    "provenance-down-file-tab": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        down_file="E=512\t_down.json")), 2, "down_file: 'E=512\\t_down.json' is not a plain file name"),
+    "provenance-overlay-path-newline": (lambda t: _check_edited(t, lambda prov: prov["shipped_overlay"]["files"].insert(
+        0, "configs/triton_3_1_0/x\n.json")), 2, "shipped_overlay.files.0: 'configs/triton_3_1_0/x\\n.json' is not a plain file name"),
+    "provenance-measured-on-newline": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        measured_on="gpu\nreplay")), 2, "measured_on: Input should be 'gpu', 'replay', 'cpu-interpreter' or 'planned'"),
+    "provenance-sglang-version-newline": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        sglang_versions=["0.5.23\n0.5.16"])), 2, "sglang_versions.0: '0.5.23\\n0.5.16' is not a version"),
+    "provenance-driver-control-character": (lambda t: _check_edited(t, lambda prov: prov["device"].update(
+        driver="580.1\r")), 2, "device.driver: '580.1\\r' holds a control character"),
+    "provenance-version-not-text": (lambda t: _check_edited(t, lambda prov: prov["device"]["versions"].update(
+        triton=3.6)), 2, "device.versions.triton: 3.6 is not text"),
 }
+
+
+def _first_entry(prov: dict) -> dict:
+    return next(iter(prov["files"].values()))
+
+
+def _check_edited(t: Path, edit) -> list:
+    """check of a copy of the committed H200 folder whose provenance.json `edit(provenance)` changed."""
+    import shutil
+    folder = t / "NVIDIA_H200"
+    shutil.copytree(ROOT / "tuned_configs/NVIDIA_H200", folder)
+    prov = json.loads((folder / "provenance.json").read_text())
+    edit(prov)
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    return ["check", str(folder), "--no-retime"]
 
 
 def _install(t: Path, *extra, tp="2", server_args=None) -> list:
