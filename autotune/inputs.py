@@ -105,7 +105,7 @@ class Parser(argparse.ArgumentParser):
             flag, what = m.group(1).split("/")[-1], m.group(2)
             other = re.fullmatch(r"not allowed with argument (\S+)", what)      # a mutually exclusive group's
             message = (f"{other.group(1).split('/')[-1]} and {flag} exclude each other: give one" if other else
-                       f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is ", "names "))
+                       f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is ", "names ", "holds "))
                        else f"{flag}: {what}")
         raise BadInput(f"{message} ({self.prog} --help lists the flags)"
                        if "unrecognized arguments" in message or "required" in message else message)
@@ -258,6 +258,8 @@ def path(text: str) -> str:
 
     if not str(text).strip():
         raise argparse.ArgumentTypeError("must name a path, got ''")
+    if not str(text).isprintable():     # a pasted newline, an escape: printed raw, it split or drove the terminal
+        raise argparse.ArgumentTypeError(f"holds a control character: {text!r:.80}")
     why = name_problem(text)
     if why:
         raise argparse.ArgumentTypeError(why)

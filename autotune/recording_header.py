@@ -7,7 +7,7 @@ what it does not read (torch, CUDA, FlashInfer's metadata) is kept as written.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -37,7 +37,8 @@ class RecordedDevice(_Strict):
 
 
 class RecordedNotes(_Strict):
-    compile_workers: Optional[int] = Field(default=None, ge=1, le=1 << 12)
+    # absent where the recorder did not say (a replay then assumes 15); never null, which read as a number
+    compile_workers: int = Field(default=None, ge=1, le=1 << 12)
 
 
 def _problems(problems: dict) -> dict:

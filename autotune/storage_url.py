@@ -80,6 +80,8 @@ def _sqlite(url: str, parsed) -> StorageTarget:
     except (exc.ArgumentError, exc.NoSuchModuleError, ValueError, TypeError) as e:
         raise StorageUrlError(f"is not a SQLite URL SQLAlchemy opens ({_first_line(e)})") from None
     uri = bool(options.get("uri"))
+    if filename is None:               # sqlite://?uri=true: SQLAlchemy hands the driver no name at all
+        raise StorageUrlError("names no database file: write sqlite:///FILE.db (or sqlite:// for one held in memory)")
     # What SQLAlchemy's SQLite dialect passes on neither to the driver nor into a URI file name is
     # dropped in silence (a warning at most), and SQLite ignores URI parameters it does not know.
     dropped = sorted(set(parsed.query) - set(options) - (set(URI_PARAMETERS) if uri else set()))
@@ -99,7 +101,7 @@ def _sqlite(url: str, parsed) -> StorageTarget:
     if uri and "?" in filename:
         raise StorageUrlError(f"has uri=true but names no file: URI ({parsed.database!r}): SQLite would create a file "
                               f"called {filename!r}; write sqlite:///file:{parsed.database}?...&uri=true")
-    if filename == ":memory:":
+    if filename in (":memory:", ""):     # '': SQLite's private temporary database, gone at close
         return StorageTarget(url, "sqlite", in_memory=True)
     return StorageTarget(url, "sqlite", file=Path(os.path.abspath(filename)))
 

@@ -29,6 +29,7 @@ ACCEPTED = [
     ("sqlite:///:memory:", None, None),
     ("sqlite:///file::memory:?uri=true", None, None),
     ("sqlite:///file:m.db?mode=memory&uri=true", None, None),
+    ("sqlite:///?uri=true", None, None),                       # SQLite's private temporary database
 ]
 
 
@@ -78,6 +79,7 @@ REFUSED = [
     ("sqlite://user@host/a.db", "Invalid SQLite URL"),
     ("a.db", "is not a database URL"),
     ("postgresql://bob:pa@ss@h:x/db", "is not a database URL"),
+    ("sqlite://?uri=true", "names no database file"),           # found by the property suite (a traceback)
 ]
 
 
