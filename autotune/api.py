@@ -109,6 +109,7 @@ def run(req: RunRequest) -> RunResult:
         kernels = parse_kernels(req.kernels)
     except PlanError as e:
         raise UsageError(str(e))
+    check_for_kernels(req, kernels)
     if req.out is None and req.only_drifted:
         req = dataclasses.replace(req, out=str(Path(req.only_drifted).resolve().parent))   # back where they were
     if req.out is None:
@@ -118,12 +119,10 @@ def run(req: RunRequest) -> RunResult:
         from .fsutil import check_writable
         try:
             check_writable(req.out)
-            if req.json:
-                if Path(req.json).is_dir():
-                    raise OSError(f"--json {req.json} is a folder; name a file")
-                check_writable(Path(req.json).parent)
         except OSError as e:
             raise UsageError(str(e))
+        if req.json and Path(req.json).is_dir():
+            raise UsageError(f"--json {req.json} is a folder; name a file")
     device, pool, cache, exp, plans, memory = run_open.open_device(req, kernels)
     if req.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
         if pool is not None:
@@ -219,6 +218,23 @@ def _raise_incomplete(summary: dict) -> None:
         raise Incomplete(f"{len(summary['incomplete'])} step(s) of the run failed or left a batch size without a key "
                          "(the storage holds every measurement; the same command redoes the step without measuring): "
                          + "; ".join(summary["incomplete"]))
+
+
+def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
+    """The settings of one family need it among the run's kernels: without it they were ignored in
+    silence (a search space never read, server_args.yaml naming another family's runner)."""
+    from .warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
+
+    readers = {"--search-space": [n for n in families.names() if "space_path" in families.get(n).options],
+               "--warm-start": [FAMILY], "--only-drifted": [FAMILY]}
+    for flag, value in (("--search-space", req.search_space), ("--warm-start", req.warm_start),
+                        ("--only-drifted", req.only_drifted)):
+        if value is not None and not set(readers[flag]) & set(kernels):
+            raise UsageError(f"{flag} is read by {', '.join(readers[flag])}, which --kernels {req.kernels} does not "
+                             f"run: add it to --kernels or leave {flag} out")
+    if req.checkpoint is not None and req.checkpoint not in kernels:
+        raise UsageError(f"--checkpoint {req.checkpoint} names a family --kernels {req.kernels} does not run: add it "
+                         "to --kernels or leave --checkpoint out")
 
 
 def worker(req: WorkerRequest) -> None:

@@ -202,14 +202,19 @@ def model_from_hf(raw: dict, where, default_name: str = "model") -> MoeModel:
 
 def select_models(shapes: str | None = None, model: str | None = None,
                   model_config: str | None = None) -> list[MoeModel]:
-    if model_config:
+    """The models one of a family preset, a preset or an HF config names (none: the qwen3.5 family)."""
+    named = [flag for flag, v in (("--shapes", shapes), ("--model", model), ("--model-config", model_config))
+             if v is not None]
+    if len(named) > 1:           # one was ignored in silence: the config over the preset over the family
+        raise ModelError(f"{' and '.join(named)} each name the models to tune: give one")
+    if model_config is not None:
         return [model_from_hf_config(model_config)]
-    if model:
+    if model is not None:
         m = PRESETS.get(model.lower())
         if m is None:
             raise ModelError(f"unknown model preset {model!r}; known: {', '.join(PRESETS)}")
         return [m]
-    fam = (shapes or "qwen3.5").lower()
+    fam = ("qwen3.5" if shapes is None else shapes).lower()
     models = [m for m in PRESETS.values() if m.family == fam]
     if not models:
         raise ModelError(f"unknown shape family {fam!r}; known: {', '.join(FAMILIES)}")

@@ -14,7 +14,7 @@ def selection(req):
 
     return (models.select_models(req.shapes, req.model, req.model_config),
             models.parse_int_list(req.tp, "--tp"), models.parse_int_list(req.ep, "--ep"),
-            tuple(d.strip() for d in req.dtype.split(",")) if req.dtype else None,
+            tuple(d.strip() for d in req.dtype.split(",")) if req.dtype is not None else None,
             models.parse_int_list(req.batch_sizes, "--batch-sizes", models.MAX_BATCH) if req.batch_sizes
             else models.DEFAULT_BATCH_SIZES)
 

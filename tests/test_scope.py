@@ -113,4 +113,4 @@ def test_a_target_device_must_be_known_and_only_plans(tmp_path, capsys):
     assert len(err) == 1 and "is not a GPU autotune can plan for; known: " in err[0]
     assert all(repr(g.name) in err[0] for g in CATALOG)          # the catalog, every name
     assert main(["run", "--shapes", "qwen3.5", "--target-device", "NVIDIA H200", "--out", str(tmp_path / "o")]) == 2
-    assert "it needs --dry-run" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert "--target-device needs --dry-run" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -40,8 +40,8 @@ def _triton_file(h200) -> str:
     return sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), h200)
 
 
-def _run(t, *extra, kernels="triton_moe", replay=GRID):
-    return ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", kernels, "--quiet",
+def _run(t, *extra, kernels="triton_moe", replay=GRID, model="qwen3.5-397b-a17b"):
+    return ["run", "--model", model, "--tp", "8", "--dtype", "bf16", "--kernels", kernels, "--quiet",
             "--trials", "2", "--batch-sizes", "8", "--replay", str(replay), "--out", str(t / "out"),
             "--storage", f"sqlite:///{t / 'a.db'}", *extra]
 
@@ -293,6 +293,6 @@ def test_a_run_with_nothing_to_tune_leaves_the_storage_as_it_was(tmp_path, capsy
     assert main(_run(tmp_path)) == 0
     db = tmp_path / "a.db"
     before = db.read_bytes(), db.stat().st_mtime_ns
-    rc = main(_run(tmp_path, "--model", "qwen3.5-35b-a3b"))
+    rc = main(_run(tmp_path, model="qwen3.5-35b-a3b"))
     assert "nothing to tune" in _refused(capsys, rc)
     assert (db.read_bytes(), db.stat().st_mtime_ns) == before

@@ -8,14 +8,11 @@ power limits differ between SKUs: a copy is a strong start, not a measurement).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..fsutil import copy_file, sha256, write_json
+from ..names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
 
-# What torch.cuda.get_device_name() returns: printable ASCII words; nothing SGLang's file name
-# grammar uses (',' '=' '[' ']'), no path separators.
-PLAUSIBLE = re.compile(r"[A-Za-z][A-Za-z0-9 ._()+-]{2,79}")
 class SkuError(ValueError):
     pass
 

@@ -111,9 +111,18 @@ class TritonMoe:
         return None
 
     # The keys of SGLang's fused-MoE config and the values its kernel takes: a search-space file
-    # must give a ladder for each (USE_TMA may be left out) and nothing else.
-    PARAMS = {"BLOCK_SIZE_M": int, "BLOCK_SIZE_N": int, "BLOCK_SIZE_K": int, "GROUP_SIZE_M": int,
-              "num_warps": int, "num_stages": int, "USE_TMA": bool}
+    # must give a ladder for each (USE_TMA may be left out) and nothing else. The tiles are
+    # tl.arange ranges (Triton takes powers of two only) of at most Triton's largest tensor, and
+    # tl.dot operands (K at least 16 on tensor cores); Triton launches a power of two of warps, at
+    # most 32 (1024 threads). A value outside these never compiles: every candidate would fail and
+    # SGLang's own config would be written as the winner.
+    PARAMS = {"BLOCK_SIZE_M": spaces.Rule(int, 1, 1 << 20, True, "a tl.arange range"),
+              "BLOCK_SIZE_N": spaces.Rule(int, 1, 1 << 20, True, "a tl.arange range"),
+              "BLOCK_SIZE_K": spaces.Rule(int, 16, 1 << 20, True, "a tl.arange range and tl.dot's K"),
+              "GROUP_SIZE_M": spaces.Rule(int, 1),
+              "num_warps": spaces.Rule(int, 1, 32, True, "Triton's warps per program"),
+              "num_stages": spaces.Rule(int, 1),
+              "USE_TMA": spaces.Rule(bool)}
     OPTIONAL = ("USE_TMA",)
 
     def space(self, problem: Problem, gemm: str, device: DeviceInfo):
@@ -152,6 +161,8 @@ class TritonMoe:
             why = self._resources(config, problem, gemm, device)
             if why:
                 return why
+        if problem.dtype.startswith("fp8") and config["BLOCK_SIZE_K"] < 32:
+            return f"fp8: BLOCK_SIZE_K {config['BLOCK_SIZE_K']} is below 32, the least K of Triton's 8-bit tl.dot"
         if problem.block_shape:
             bn, bk = problem.block_shape
             # One activation/weight scale per K tile: the K tile must not straddle a quant block.
