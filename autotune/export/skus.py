@@ -13,6 +13,7 @@ from pathlib import Path
 from ..fsutil import copy_file, sha256, write_json
 from ..names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
 
+
 class SkuError(ValueError):
     pass
 
