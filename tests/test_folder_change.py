@@ -196,3 +196,16 @@ def test_check_reads_every_file_of_the_folder_listed_or_not(tmp_path, capsys):
     assert main(["check", str(folder), "--no-retime"]) == 1
     out = capsys.readouterr().out
     assert f"drift: {stray.relative_to(folder).as_posix()}: not written by autotune" in out, out
+
+
+def test_a_file_in_the_way_of_a_config_folder_is_refused_before_measuring(tmp_path, capsys):
+    """SGLang's per-Triton folders, ours or the shipped overlay's: a file there was found only when the
+    overlay wrote, after the search."""
+    blocker = tmp_path / "out" / "NVIDIA_H200" / "configs" / "triton_3_8_0"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a folder")
+    capsys.readouterr()
+    assert main(_run(tmp_path, "8")) == 2
+    err = capsys.readouterr().err
+    assert "triton_3_8_0 is a file where a folder of SGLang's config files goes" in err
+    assert not (tmp_path / "a.db").exists()            # nothing measured, no storage made

@@ -43,6 +43,12 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     from .overlay import broken_copies
 
     folder = config_dir(out, device)
+    # SGLang's per-Triton folders (ours and the shipped overlay's) and the folders above them
+    configs = tuned_folder(out, device) / "configs"
+    in_the_way = next((p for p in (folder, *folder.parents, *(configs.glob("triton_*") if configs.is_dir() else ()))
+                       if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        raise ExportError(f"{in_the_way} is a file where a folder of SGLang's config files goes: move it away")
     prov = read_folder_provenance(tuned_folder(out, device)) or {"files": {}}
     ours = ours_in(prov, tuned_folder(out, device))
     broken = [] if forced() else broken_copies(tuned_folder(out, device))
