@@ -344,3 +344,31 @@ def test_a_folder_changed_while_it_is_validated_gets_no_validation(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("server_args.yaml changed): nothing written; validate it again") and len(err) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_validations_three_files_change_as_one(tmp_path, capsys, monkeypatch, failing):
+    """validation.json, validation.png and report.md: where any one cannot be written, none is replaced
+    (a new record beside an old report was possible)."""
+    import errno
+    import hashlib
+
+    from autotune import fsutil
+
+    configs = _copy_committed(tmp_path)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in configs.iterdir() if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    real, writes = fsutil.atomic_file, []
+
+    def failing_write(path):
+        if ".validate-staged-" in str(path):
+            writes.append(path)
+            if len(writes) == failing:
+                raise fsutil.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
+        return real(path)
+    monkeypatch.setattr(fsutil, "atomic_file", failing_write)
+    argv = ["validate", "--engine", "sglang", *[a for r in RUNS_016 for a in ("--from-runs", str(r))],
+            "--configs", TUNED, "--gate", "--force"]
+    assert main(argv) != 0
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in configs.iterdir() if p.is_file()} == before
+    assert not list(configs.glob(".validate-staged-*"))

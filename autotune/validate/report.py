@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..device import software_versions, utc_now
-from ..fsutil import (FileFormatError, bytes_holding, claim_all, forced, json_with, read_json, save_figure,
-                      text_starting, write_atomic, write_json)
+from ..fsutil import (FileFormatError, WriteError, bytes_holding, claim_all, forced, json_with, read_json,
+                      save_figure, text_starting, write_atomic, write_json)
 from . import ValidateError
 from .gate import Comparison, GateResult
 
@@ -197,7 +199,26 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
     `plotter(path) -> bool` draws the figure instead of the baseline-vs-tuned default."""
     out = Path(out_dir)
     claim_outputs(out, (record.get("settings") or {}).get("runs_sha256"))
-    paths = {"json": out / VALIDATION_JSON, "plot": out / PLOT_PNG, "md": out / REPORT_MD}
+    # The three change as one: written beside each other in a staging folder, then moved in; where one
+    # cannot be written the folder is as it was (a new validation.json beside an old report.md never).
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".validate-staged-", dir=out))
+    except OSError as e:
+        raise WriteError(f"cannot write into {out}: {e.strerror or e}") from None
+    try:
+        staged = _write_staged(stage, out, record, comparisons, title=title, x_label=x_label, intro=intro,
+                               provenance=provenance, extra_cols=extra_cols, plotter=plotter)
+        for p in staged.values():
+            os.replace(p, out / p.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {k: out / p.name for k, p in staged.items()}
+
+
+def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
+                  intro: list[str], provenance: Path | None, extra_cols, plotter) -> dict[str, Path]:
+    paths = {"json": stage / VALIDATION_JSON, "plot": stage / PLOT_PNG, "md": stage / REPORT_MD}
     unit = comparisons[0].unit if comparisons else "tok/s"
     has_plot = bool(comparisons) and (plotter(paths["plot"]) if plotter else plot(
         paths["plot"], comparisons, title=title, x_label=x_label, y_label=f"decode throughput ({unit})"))
