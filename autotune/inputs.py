@@ -28,8 +28,10 @@ class BadInput(Exception):
 
 
 def one_line(error) -> str:
-    """An error's text as the one line the CLI prints (a library's message may span several)."""
-    return " ".join(str(error).split())
+    """An error's text as the one line the CLI prints (a library's message may span several, and may
+    quote a name from a file with control characters in it: those are shown escaped, never sent raw)."""
+    text = " ".join(str(error).split())
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _noting(base, once: bool):

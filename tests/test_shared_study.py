@@ -37,8 +37,8 @@ def autotune(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def worker(study, trials, realtime, *extra):
-    return autotune("worker", *PROBLEM, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime",
+def worker(study, trials, realtime, *extra, batch_sizes="1,8"):
+    return autotune("worker", *PROBLEM, "--batch-sizes", batch_sizes, "--replay", str(GRID), "--replay-realtime",
                     str(realtime), "--storage", PG, "--study", study, "--trials", str(trials), "--heartbeat", "1",
                     "--quiet", *extra)
 
@@ -216,13 +216,13 @@ def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forev
     """A process killed between asking a trial and its first heartbeat leaves a RUNNING trial that
     Optuna never calls stale; the study must still finish with its budget, in bounded time."""
     study = f"nohb-{uuid.uuid4().hex[:8]}"
-    first = worker(study, 4, 0.0, "--batch-sizes", "1")
+    first = worker(study, 4, 0.0, batch_sizes="1")
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 0, out
     ss = studies(study)
     orphan_study = next(s for n, s in ss.items() if "|gate_up|M=1" in n)
     orphan = orphan_study.ask()                    # RUNNING, no heartbeat: its process "died" here
-    second = worker(study, 5, 0.0, "--batch-sizes", "1")
+    second = worker(study, 5, 0.0, batch_sizes="1")
     out, _ = second.communicate(timeout=120)       # finishes: the orphan is not waited on forever
     assert second.returncode == 0, out
     s = studies(study)[orphan_study.study_name]
