@@ -5,7 +5,7 @@ hang | compile (compile error) | oor (out of resources) | cuda_fatal (poisoned c
 """
 import os
 import signal
-import time
+import threading
 from types import SimpleNamespace
 
 from autotune.spaces import Space
@@ -59,7 +59,7 @@ class Faulty:
         if mode == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if mode == "hang":
-            time.sleep(3600)
+            threading.Event().wait()
         if mode == "oor":
             raise OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
         if mode == "cuda_fatal":

@@ -51,6 +51,10 @@ class KernelFamily(Protocol):
     def warmup(self, problems: list, on_cpu: bool = False) -> None:
         """Build once what every worker would otherwise build at the same time (JIT kernels)."""
 
+    # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
+    # place of the wall clock (which says nothing about speed there): a family whose launches declare
+    # their cost (the tests' fakes) is timed by the declaration, not by a loaded machine's scheduler.
+
 
 def get_family(spec: str, **options) -> KernelFamily:
     """A family by its registered name (autotune.families), or by "module:Class" (tests inject faulty
