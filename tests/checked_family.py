@@ -8,6 +8,7 @@ checked launch tells an unwritten output from a right one.
 
 config["writes"]:  all | none (returns the buffer untouched) | half (writes the first half only)
 config["error"]:   the relative (Frobenius) error of what it writes, as a multiple of the tolerance
+config["rel"]:     that error as a number instead (a tolerance pinned by the test, not read from the family)
 config["shape"]:   uniform (ref * (1 + e): every element off by the same share) | spot (one element
                    carries the whole error)
 Options: like = a registered family whose tolerance is the one checked against, dtype = the problem
@@ -54,7 +55,8 @@ class CheckedOutputs(Faulty):
         if writes == "none":
             return inputs.C
         tol = self.tolerance(inputs.problem, on_cpu=True)      # the one the worker checks against
-        out = perturbed(inputs.ref, config.get("error", 0.0) * tol, config.get("shape", "uniform"))
+        rel = config["rel"] if "rel" in config else config.get("error", 0.0) * tol
+        out = perturbed(inputs.ref, rel, config.get("shape", "uniform"))
         n = out.numel() // 2 if writes == "half" else out.numel()
         inputs.C.view(-1)[:n] = out.view(-1)[:n]
         return inputs.C

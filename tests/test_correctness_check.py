@@ -135,6 +135,16 @@ def test_a_trial_passes_just_inside_its_tolerance_and_fails_just_outside(name, d
         assert outside.error == pytest.approx(1.1 * tol, rel=1e-3) and "relative error" in outside.reason
 
 
+@pytest.mark.parametrize("name, dtype", TOLERANCES)
+def test_a_trial_passes_just_inside_the_pinned_tolerance_and_fails_just_outside(name, dtype):
+    """The same through the Measurer, at the contract's numbers rather than the family's: a family whose
+    tolerance drifted 10x either way fails here as well as in the table above."""
+    options = {"like": name, "dtype": dtype, "as_gpu": True}
+    tol = TOLERANCES[(name, dtype)]
+    assert measure(CheckedOutputs.spec, {"writes": "all", "rel": 0.9 * tol}, options).ok
+    assert measure(CheckedOutputs.spec, {"writes": "all", "rel": 1.1 * tol}, options).status == records.WRONG_RESULT
+
+
 @pytest.mark.parametrize("writes", ["none", "half"])
 def test_an_output_the_launch_did_not_write_fails_though_its_buffer_held_a_right_answer(writes):
     assert measure(CheckedOutputs.spec, {"writes": "all", "error": 0.0}).ok
