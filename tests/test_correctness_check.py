@@ -113,6 +113,22 @@ def test_check_output_passes_just_inside_and_fails_just_outside(name, dtype, on_
     assert reason.startswith(f"relative error {1.1 * tol:.3g} > tolerance {tol:.3g}")
 
 
+def test_an_error_of_exactly_the_tolerance_passes_and_the_reason_names_where_the_output_is_off():
+    from autotune.measure import rel_error
+
+    ref = torch.arange(1.0, 21.0).reshape(4, 5)
+    out = ref.clone()
+    out[2, 3] += 3.0
+    err = rel_error(out, ref)
+    assert err == pytest.approx(3.0 / ref.norm().item()) and check_output(out, ref, err) == (True, "", err)
+    ok, reason, _ = check_output(out, ref, err / 2)
+    assert not ok and "furthest off at (2, 3): 17 vs 14)" in reason
+    out[0, 1] = out[2, 4] = float("nan")
+    ok, reason, e = check_output(out, ref, 1.0)
+    assert not ok and math.isnan(e) and reason.startswith("2 of 20 outputs NaN/Inf or never written (10%; first at (0, 1): nan)")
+    assert math.isnan(rel_error(out, ref)) and rel_error(torch.ones(4), torch.zeros(4)) == 2.0   # |out| over 1
+
+
 def measure(family_spec: str, config: dict, options: dict | None = None, M: int = 4):
     """One measurement by the worker's own Measurer, in this process, on the CPU."""
     problem = Problem(8, 32, 64, 2, "bf16", batch_sizes=(M,))

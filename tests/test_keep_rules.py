@@ -18,7 +18,7 @@ from autotune.cli import main
 from autotune.kernels.runner import Runner
 from autotune.measure import MIN_EFFECT, noise
 from autotune.records import read_cache, write_cache
-from autotune.server_choice import server_choice
+from autotune.server_choice import ServerChoice, server_choice
 from tests.conftest import GRID
 
 PROBLEM = "E=512,N=128,K=4096,topk=10,bf16"
@@ -193,3 +193,38 @@ def test_a_slower_other_backend_never_displaces_auto_and_a_tie_keeps_it():
     for other_us in (10.0, 12.0):
         choice = server_choice(TwoBackends(), None, tuners(10.0, other_us, 0.001, 0.001), "decode")
         assert choice.backend == "auto_one" and choice.within_noise is None
+
+
+def test_the_server_total_weighs_each_problem_by_its_layers_over_the_mix_and_the_per_m_best_beside_it():
+    times = {("auto_one", 1): (10.0, 0.0), ("auto_one", 64): (100.0, 0.0), ("auto_one", 1024): (1000.0, 0.0),
+             ("other", 1): (12.0, 0.0), ("other", 64): (90.0, 0.0), ("other", 1024): (900.0, 0.0)}
+    one = [Timed(SimpleNamespace(key="p", layers=2), times, Ms=[1, 64, 1024])]
+    decode = server_choice(TwoBackends(), None, one)              # the decode mix unless told: M <= 64
+    assert decode.mix == "decode" and decode.totals == {"auto_one": 220.0, "other": 204.0}
+    assert decode.backend == "other" and decode.per_m_total == 200.0 and decode.per_m_gain == pytest.approx(1.02)
+    prefill = server_choice(TwoBackends(), None, one, "prefill")
+    assert prefill.totals == {"auto_one": 2000.0, "other": 1800.0} and prefill.per_m_total == 1800.0
+    # a problem without a layer count weighs one
+    plain = server_choice(TwoBackends(), None, [Timed(SimpleNamespace(key="p"), times, Ms=[1, 64, 1024])])
+    assert plain.totals == {"auto_one": 110.0, "other": 102.0}
+
+
+def test_a_gain_of_exactly_the_noise_keeps_auto():
+    times = {("auto_one", 1): (101.0, 0.0), ("other", 1): (100.0, 0.0)}        # 100 x (1 + 1%) = 101
+    choice = server_choice(TwoBackends(), None, [Timed(SimpleNamespace(key="p"), times, Ms=[1])])
+    assert choice.backend == "auto_one" and choice.within_noise == "other"
+
+
+def test_why_a_backend_never_ran_is_kept_and_unexpected_failures_are_said_once():
+    @dataclass
+    class Skipping(Timed):
+        def skipped_here(self):
+            return {"other": "not in the replay cache"}
+    choice = server_choice(TwoBackends(), None, [Skipping(SimpleNamespace(key="p"), {("auto_one", 1): (5.0, 0.0)},
+                                                          Ms=[1])])
+    assert choice.skipped == {"other": "not in the replay cache"} and choice.backend == "auto_one"
+    bad = SimpleNamespace(status="wrong_result", M=1, reason="off")
+    for failed, word in ((["x"], "it"), (["x", "y"], "them")):
+        c = ServerChoice("f", "decode", None, {}, None, None, {b: bad for b in failed}, {})
+        assert c.surprises() == [f"failed though nothing declared expects {word} to (evidence above): {', '.join(failed)}"]
+    assert ServerChoice("f", "decode", None, {}, None, None, {}, {})._flag(None) == "-"

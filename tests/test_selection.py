@@ -84,14 +84,23 @@ def test_a_choice_reads_back_as_it_was_written():
     assert Choice.from_dict(d).source == TUNED
     layer = Choice.layer(8, {"backend": "b", "tactic": 3}, 4.0, 5.0, [{"y": 2}])
     assert layer.time_us == 4.0 and layer.auto_us == 5.0 and layer.to_dict()["auto_us"] == 5.0
+    assert (layer.M, layer.source, layer.baseline_us) == (8, TUNED, {"auto": 5.0})
     assert Choice.from_dict(layer.to_dict()) == layer
+    # what to_dict hands out is a copy: a caller editing it changes nothing of the choice
+    for choice, parts in ((pair, ("gate_up", "down", "candidates")), (layer, ("config", "candidates"))):
+        d = choice.to_dict()
+        for part in parts:
+            (d[part][0] if part == "candidates" else d[part])["x"] = "edited"
+        assert choice.to_dict() != d and "edited" not in repr(choice)
 
 
 # --- re-measurement and the selection of one problem ---------------------------------------------------
 
 def test_each_config_is_re_measured_once_over_every_m_that_needs_it_and_a_known_one_not_again():
     a, b = cfg(16), cfg(32)
-    finalists = {1: [Finalist(TUNED, {"gate_up": a, "down": b}), Finalist("default", {"gate_up": a, "down": a})],
+    c = cfg(64)
+    finalists = {1: [Finalist(TUNED, {"gate_up": a, "down": b}), Finalist("default", {"gate_up": a, "down": a}),
+                     Finalist("shipped", {"down": b, "gate_up": c})],      # its known part first, then one to measure
                  8: [Finalist(TUNED, {"gate_up": a, "down": b})]}
     careful = {("down", 1, config_key(b)): timed("down", 1, b, 1.0)}
     asked, stored = [], []
@@ -104,8 +113,9 @@ def test_each_config_is_re_measured_once_over_every_m_that_needs_it_and_a_known_
         return SimpleNamespace(gemm=gemm, config=c, Ms=Ms)
     remeasure(finalists, careful, task, run_tasks, lambda gemm, m: stored.append(m))
     assert sorted((t.gemm, config_key(t.config), t.Ms) for t in asked) == sorted(
-        [("gate_up", config_key(a), [1, 8]), ("down", config_key(a), [1]), ("down", config_key(b), [8])])
-    assert len(stored) == 4
+        [("gate_up", config_key(a), [1, 8]), ("down", config_key(a), [1]), ("down", config_key(b), [8]),
+         ("gate_up", config_key(c), [1])])
+    assert len(stored) == 5
     asked.clear()
     remeasure({1: [Finalist(TUNED, {"down": b})]}, careful, task, run_tasks, lambda *a: None)
     assert asked == []                 # nothing to re-measure: nothing run
@@ -229,9 +239,11 @@ def backend_tuner(measured: list, careful_us: dict, auto: str = "auto_b", names=
             for f in cands:
                 cfg = f.configs[LAYER]
                 t.asked.append((M, config_key(cfg)))
-                us = careful_us.get(config_key(cfg))
-                t.careful[(LAYER, M, config_key(cfg))] = layer(cfg["backend"], cfg.get("tactic"), M, us,
-                                                              records.OK if us else records.WRONG_RESULT)
+                us = careful_us.get((config_key(cfg), M), careful_us.get(config_key(cfg)))
+                us, versus = us if isinstance(us, tuple) else (us, None)       # (us, the default's beside it)
+                m = layer(cfg["backend"], cfg.get("tactic"), M, us, records.OK if us else records.WRONG_RESULT)
+                m.versus_us = versus
+                t.careful[(LAYER, M, config_key(cfg))] = m
     t._remeasure = remeasure
     return t
 
@@ -266,6 +278,9 @@ def test_the_backend_choice_re_measures_the_top_correct_and_auto_and_the_fastest
     assert choices[1].config == cfg("auto_b")      # nothing correct at M=1 in the search: auto alone, re-measured
     top2 = backend_tuner(search, careful, top=2)
     assert top2.select()[8].config == cfg("slow", 2)        # slow's -1 was third by search time
+    assert choices[8].M == 8 and choices[8].baseline_us == {"auto": 3.0}
+    tie = backend_tuner(search, {**careful, config_key(cfg("auto_b")): 2.0})
+    assert tie.select()[8].config == cfg("auto_b")          # level with the fastest: SGLang's own pick stays
     # auto wrong somewhere: not a finalist, and nothing beside the winner
     t = backend_tuner(search + [layer("auto_b", -1, 1, None, records.WRONG_RESULT)], careful)
     assert t.select()[8].auto_us is None and config_key(cfg("auto_b")) not in {k for _, k in t.asked}
@@ -284,3 +299,23 @@ def test_a_tactic_is_chosen_per_backend_only_where_it_beats_its_default_beyond_t
     t = backend_tuner(search, careful, tunable=("fast",))
     assert {M: c.config for M, c in t.tactic_choices()["fast"].items()} == {1: cfg(-1), 8: cfg(-1)}
     assert backend_tuner(search, careful).tactic_choices() == {}       # a backend without tactics has none
+
+
+def test_a_tactic_is_judged_against_the_default_timed_beside_it_and_only_where_the_default_ran():
+    cfg = lambda tac: {"backend": "fast", "tactic": tac}           # noqa: E731
+    search = [layer("fast", -1, M, 10.0) for M in (1, 8)] + [layer("fast", None, 16, 10.0)]
+    search += [layer("fast", 3, M, 8.0) for M in (1, 8, 16, 32)] + [layer("fast", 4, M, 9.0) for M in (1, 8, 16, 32)]
+    careful = {(config_key(cfg(-1)), 1): None, (config_key(cfg(-1)), 8): 10.0,      # -1 failed its re-measurement at M=1
+               config_key(cfg(3)): (8.5, 8.0), config_key(cfg(4)): (9.0, 10.0)}    # (time, its default's beside it)
+    t = backend_tuner(search, careful, tunable=("fast",), top=2)
+    out = t.tactic_choices()["fast"]
+    # M=1: its default failed; M=16: the default ran without a tactic key (no pin over itself, and no -1 to
+    # stand beside); M=32: no default at all. At M=8 tactic 4 is 10% under the default beside it, tactic 3 6%
+    # over it, though faster by the clock
+    assert list(out) == [8]
+    c = out[8]
+    assert (c.M, c.config, c.time_us, c.baseline_us) == (8, cfg(4), 9.0, {"default": 10.0})
+    assert {config_key(r["config"]) for r in c.candidates} == {config_key(cfg(tac)) for tac in (-1, 3, 4)}
+    one = backend_tuner(search, careful, tunable=("fast",), top=1)      # the one finalist: 3, fastest by search
+    assert one.tactic_choices()["fast"][8].config == cfg(-1)
+    assert (8, config_key(cfg(4))) not in one.asked

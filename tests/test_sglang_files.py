@@ -96,6 +96,7 @@ def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
     worse = {**UP, "BLOCK_SIZE_N": 32}
     summary = export_problem(tmp_path, rtx, p, {1: _choice(1, worse, worse, t=12.0), 8: _choice(8, BIG, BIG, t=20.0)}, {})
     assert list(summary["kept"]) == [1]
+    assert _files(tmp_path, rtx, p)[2]["kept_existing"] == {"1": "existing 10.00 us beats new 12.00 us"}
     data = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)).read_text())
     assert data["1"] == UP and data["8"] == BIG
 
@@ -142,15 +143,24 @@ def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
     c = Choice.pair(8, UP, DOWN, 4.12345, 6.00049, "shipped", {"default": 12.34567, "shipped": None})
-    export_problem(tmp_path, rtx, p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
+    summary = export_problem(tmp_path, rtx, p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
     up, down, entry = _files(tmp_path, rtx, p)
+    folder = config_dir(tmp_path, rtx)
+    assert summary == {"files": [str(folder / sglang_file_name(p, rtx)), str(folder / entry["down_file"])], "kept": {}}
+    assert {k: entry[k] for k in ("problem", "compute_capability", "driver", "versions", "replay_note")} == {
+        "problem": p.to_dict(), "compute_capability": rtx.sm, "driver": rtx.driver, "versions": rtx.versions,
+        "replay_note": ""}
+    prov = json.loads((tmp_path / rtx.file_name / "provenance.json").read_text())
+    assert prov["device"] == rtx.to_dict() and entry["date"]
     assert up == {"8": UP} and down == {"8": {**DOWN, "BLOCK_SIZE_M": UP["BLOCK_SIZE_M"]}}
     assert entry["per_M"] == {"8": {"tuned_us": 10.124, "gate_up_us": 4.123, "down_us": 6.0, "source": "shipped",
                                     "default_us": 12.346, "shipped_us": None, "trials": 40}}
     assert entry["run"] == {"budget": "400s"} and entry["kept_existing"] == {}
     assert (entry["device"], entry["triton"], entry["measured_on"]) == (rtx.name, "3.6.0", rtx.kind)
-    folder = config_dir(tmp_path, rtx)
     assert entry["sha256"] == {n: sha256(folder / n) for n in (sglang_file_name(p, rtx), entry["down_file"])}
+    replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
+    export_problem(tmp_path / "replay", replayed, p, {8: c}, {})
+    assert _files(tmp_path / "replay", replayed, p)[2]["replay_note"].startswith("replayed from a recorded")
 
 
 def test_a_rerun_keeps_every_m_it_did_not_measure_with_its_provenance(tmp_path, rtx):
@@ -196,3 +206,12 @@ def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_o
     up, down, _ = _files(tmp_path, rtx, p)
     # the broken gate_up file replaced; M=8's down entry goes with it (a pair is kept whole or not at all)
     assert up == {"1": BIG} and set(down) == {"1"}
+
+
+def test_a_merge_that_would_not_run_in_a_target_release_writes_nothing(tmp_path, rtx):
+    from autotune.export.sglang import ExportError
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
+    with pytest.raises(ExportError, match=r"would not run in SGLang 0.5.16, 0.5.17; nothing written"):
+        export_problem(tmp_path, rtx, p, {1: _choice(1, {**UP, "USE_TMA": True}, UP)}, {}, targets=("0.5.16", "0.5.17"))
+    assert not (tmp_path / rtx.file_name).exists()

@@ -114,15 +114,16 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
 
 
 def test_a_duels_result_is_the_median_of_its_rounds_and_the_spread_of_their_ratios():
-    # three rounds: the tactic at 9, 10 and 12 µs against a default at 10 µs each time: ratios 0.9, 1.0, 1.2
+    # three rounds: the tactic at 9, 10 and 12 µs beside the default at 10, 20 and 10: ratios 0.9, 0.5, 1.2
     mine = iter([Timing(9.0, 0.01, 7, 0.1, 4), Timing(10.0, 0.03, 7, 0.1, 5), Timing(12.0, 0.02, 7, 0.1, 6)])
+    theirs = iter([Timing(us, 0.005, 7, 0.2, 4) for us in (10.0, 20.0, 10.0)])
 
     def time_one(fn):
-        return next(mine) if fn == "tactic" else Timing(10.0, 0.005, 7, 0.2, 4)
+        return next(mine) if fn == "tactic" else next(theirs)
     t, versus_us, ratio_spread = measure.duel(time_one, "tactic", "default", rounds=3)
     assert (t.median_us, t.spread, t.samples, t.calls) == (10.0, 0.02, 21, 4)
     assert t.bench_s == pytest.approx(3 * 0.1 + 3 * 0.2)           # both sides' timing time
-    assert versus_us == 10.0 and ratio_spread == pytest.approx((1.2 - 0.9) / 1.0)
+    assert versus_us == 10.0 and ratio_spread == pytest.approx((1.2 - 0.5) / 0.9)
     # a tactic timed at zero (no ratio to spread over) has no spread, not a division by zero
     _, _, spread = measure.duel(lambda fn: Timing(0.0 if fn == "tactic" else 10.0, 0.0, 1, 0.0), "tactic", "default")
     assert spread == 0.0
