@@ -174,9 +174,10 @@ class Measurer:
         self.inputs[key] = self.inputs.pop(key)      # most recently used last (trim drops from the front)
         return self.inputs[key]
 
-    def _time(self, launch, repeats: int, prime: bool):
-        if self.settings.on_cpu:
-            return self.time_cpu(launch, self.settings.routings, repeats=min(repeats, 3))
+    def _time(self, family, launch, repeats: int, prime: bool):
+        if self.settings.on_cpu:      # the interpreter's timings: wall clock, or the family's own clock
+            return self.time_cpu(launch, self.settings.routings, repeats=min(repeats, 3),
+                                 clock=getattr(family, "clock", None) or time.perf_counter)
         return self.time_gpu(launch, self.settings.routings, repeats=repeats, prime=prime)
 
     def _checked_launch(self, family, cfg, inputs, ref, problem) -> tuple[bool, str, float]:
@@ -237,11 +238,11 @@ class Measurer:
                 repeats = task.repeats or s.repeats
                 versus = self._checked_versus(family, task, inputs, ref, problem)
                 if versus is None:   # primed: other workers' kernels come between this worker's timings
-                    t, paired = self._time(launch, repeats, prime=True), (None, None)
+                    t, paired = self._time(family, launch, repeats, prime=True), (None, None)
                 else:
                     first = iter([True])    # one hold of the lock: priming once keeps both sides in one state
-                    t, *paired = duel(lambda fn: self._time(fn, max(3, repeats // DUEL_ROUNDS), next(first, False)),
-                                      launch, versus)
+                    t, *paired = duel(lambda fn: self._time(family, fn, max(3, repeats // DUEL_ROUNDS),
+                                                            next(first, False)), launch, versus)
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal

@@ -6,8 +6,10 @@ own completion times in the storage (Optuna records them): t = 0 at the run's fi
 so process start-up is not counted and every second after it is time the GPU was held. Per M: the
 first moment the best (gate_up, down) pair measured so far that shares BLOCK_SIZE_M (what SGLang
 can run: autotune.select.candidate_pairs, the metric of benchmarks/warm_start.py) is within 2% of
-the best pair either run found. Search-time measurements only (the selection's re-measurements
-come after the search).
+the best pair either run found, and the same for 5%; the first pair each run could form, and how far
+it is from that best. These use the search-time measurements only. The selection's re-measurements
+(after the search) give each run's selected pair: the fastest re-measured pair sharing BLOCK_SIZE_M,
+what the run wrote (`selected_us`).
 
 usage: python benchmarks/warm_start_h200.py COLD.db WARM.db [COLD.db WARM.db ...] [--json OUT]
 """
@@ -21,10 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TARGET = 1.02
+NEAR = 1.05
 
 
-def timeline(db: str) -> tuple[str, dict]:
-    """(problem key, {M: [(seconds from the run's first trial start, Measurement), ...] in completion order})."""
+def timeline(db: str) -> tuple[str, dict, dict]:
+    """(problem key, {M: [(seconds from the run's first trial start, Measurement), ...] in completion order},
+    {M: [the selection's re-measurements]})."""
     import optuna
 
     from autotune.records import Measurement
@@ -32,13 +36,18 @@ def timeline(db: str) -> tuple[str, dict]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{db}"
-    rows, starts, problems = {}, [], set()
+    rows, starts, problems, careful = {}, [], set(), {}
     for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
         parts = s.study_name.split("|")
         if parts[0] != "triton_moe" or len(parts) != 5:
             continue
         problems.add(parts[2])
-        for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False):
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        for name, value in study.user_attrs.items():
+            if name.startswith("careful:"):
+                m = Measurement.from_dict(value)
+                careful.setdefault(m.M, []).append(m)
+        for t in study.get_trials(deepcopy=False):
             if t.datetime_start is not None:
                 starts.append(t.datetime_start)
             if t.state == optuna.trial.TrialState.COMPLETE and ATTR in t.user_attrs:
@@ -48,7 +57,15 @@ def timeline(db: str) -> tuple[str, dict]:
         raise SystemExit(f"{db}: expected the studies of one problem, found {sorted(problems) or 'none'}")
     t0 = min(starts)
     return problems.pop(), {M: [((c - t0).total_seconds(), m) for c, m in sorted(v, key=lambda x: x[0])]
-                            for M, v in rows.items()}
+                            for M, v in rows.items()}, careful
+
+
+def fastest_pair(ms) -> float | None:
+    """µs of the fastest (gate_up, down) pair sharing BLOCK_SIZE_M among `ms`."""
+    from autotune.select import candidate_pairs
+
+    pairs = candidate_pairs([m for m in ms if m.gemm == "gate_up"], [m for m in ms if m.gemm == "down"], top=1)
+    return pairs[0][2] if pairs else None
 
 
 def best_over_time(events) -> list[tuple[float, float]]:
@@ -68,18 +85,22 @@ def best_over_time(events) -> list[tuple[float, float]]:
 
 
 def compare(cold_db: str, warm_db: str) -> dict:
-    (pc, cold), (pw, warm) = timeline(cold_db), timeline(warm_db)
+    (pc, cold, cold_careful), (pw, warm, warm_careful) = timeline(cold_db), timeline(warm_db)
     if pc != pw:
         raise SystemExit(f"{cold_db} and {warm_db} tuned different problems ({pc} / {pw})")
     out = {"problem": pc, "per_M": {}}
+    careful = {"cold": cold_careful, "warm": warm_careful}
     for M in sorted(set(cold) & set(warm)):
         curves = {"cold": best_over_time(cold[M]), "warm": best_over_time(warm[M])}
         best = min(c[-1][1] for c in curves.values() if c)
         row = {"best_us": best}
         for k, c in curves.items():
             row[f"{k}_s"] = next((t for t, us in c if us <= best * TARGET), None)
+            row[f"{k}_s5"] = next((t for t, us in c if us <= best * NEAR), None)
+            row[f"{k}_first_us"] = c[0][1] if c else None
             row[f"{k}_final_us"] = c[-1][1] if c else None
             row[f"{k}_search_s"] = (cold if k == "cold" else warm)[M][-1][0]
+            row[f"{k}_selected_us"] = fastest_pair(careful[k].get(M, []))
         out["per_M"][M] = row
     return out
 

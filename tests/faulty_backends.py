@@ -9,10 +9,14 @@ Backends (the SGLang --moe-runner-backend value each stands in for):
   good_slow (triton)             correct, slower; what SGLang's auto picks
   missing   (marlin)             never available here (skipped with a reason)
   no_module (triton_kernel)      fastest, but its launch cannot import its module on this machine
+
+A launch costs what SLEEP declares, on the family's own clock (the worker's timing reads it:
+autotune.kernels.KernelFamily.clock): which backend is faster is the declaration's, never a loaded
+machine's. Only the hang waits for real, until its worker is killed.
 """
 import os
 import signal
-import time
+import threading
 from types import SimpleNamespace
 
 from autotune.backends import Availability
@@ -25,10 +29,26 @@ VALUES = {"nan_at_2": "flashinfer_trtllm", "zeros": "flashinfer_cutedsl", "crash
 SLEEP = {"nan_at_2": 0.0002, "zeros": 0.0002, "good_fast": 0.002, "good_slow": 0.008}
 
 
+class VirtualClock:
+    """Seconds that pass only when a launch says it took them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FaultyBackends:
     name = "moe_bf16"               # exported as --moe-runner-backend
     spec = "tests.faulty_backends:FaultyBackends"
     gemms = ("layer",)
+
+    def __init__(self):
+        self.clock = VirtualClock()
 
     def availability(self, device):
         return [Availability(Runner(self.name, b, VALUES[b], "test"), b != "missing",
@@ -76,8 +96,8 @@ class FaultyBackends:
         if b == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if b == "hang":
-            time.sleep(3600)
-        time.sleep(SLEEP[b])
+            threading.Event().wait()
+        self.clock.advance(SLEEP[b])
         inputs.C.copy_(inputs.x)
         if b == "zeros":
             inputs.C.zero_()

@@ -9,7 +9,7 @@ $FAULTY_STATE, shared by every worker process (they inherit the test's environme
 """
 import os
 import signal
-import time
+import threading
 from types import SimpleNamespace
 
 from autotune.spaces import Space
@@ -74,7 +74,7 @@ class Faulty:
         if mode == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if mode == "hang":
-            time.sleep(3600)
+            threading.Event().wait()
         if mode == "oor":
             raise OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
         if mode == "cuda_fatal":

@@ -41,10 +41,10 @@ def test_each_broken_backend_is_disqualified_with_its_evidence(run):
     assert bad["nan_at_2"].M == 2 and "NaN" in bad["nan_at_2"].reason     # fine at M=1, caught at M=2
     assert bad["zeros"].status == "wrong_result" and "relative error" in bad["zeros"].reason
     assert bad["crash"].status == "crash" and "SIGSEGV" in bad["crash"].reason
-    assert "worker killed by SIGSEGV in tests/faulty_backends.py:77 in run" in bad["crash"].reason
+    assert "worker killed by SIGSEGV in tests/faulty_backends.py:97 in run" in bad["crash"].reason
     assert bad["hang"].status == "timeout"
-    # asked before it was killed, the hung worker said where it waits: the backend's own line, not time.sleep
-    assert "(hang; stuck in tests/faulty_backends.py:79 in run)" in bad["hang"].reason
+    # asked before it was killed, the hung worker said where it waits: the backend's own line, not threading's
+    assert "(hang; stuck in tests/faulty_backends.py:99 in run)" in bad["hang"].reason
 
 
 def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):
@@ -59,7 +59,7 @@ def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):
 
 def test_server_args_name_the_winner_and_the_reasons(run):
     _, _, decode, path = run
-    assert decode.backend == "good_fast" and decode.gain_vs_auto > 1.5
+    assert decode.backend == "good_fast" and decode.gain_vs_auto == pytest.approx(4.0)   # 8 ms / 2 ms, declared
     text = path.read_text()
     assert "moe-runner-backend: flashinfer_cutlass" in text
     for b in ("nan_at_2", "zeros", "crash", "hang"):

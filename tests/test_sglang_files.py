@@ -96,6 +96,7 @@ def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
     worse = {**UP, "BLOCK_SIZE_N": 32}
     summary = export_problem(tmp_path, rtx, p, {1: _choice(1, worse, worse, t=12.0), 8: _choice(8, BIG, BIG, t=20.0)}, {})
     assert list(summary["kept"]) == [1]
+    assert _files(tmp_path, rtx, p)[2]["kept_existing"] == {"1": "existing 10.00 us beats new 12.00 us"}
     data = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)).read_text())
     assert data["1"] == UP and data["8"] == BIG
 
@@ -127,3 +128,90 @@ def test_replay_results_are_never_mixed_into_gpu_measured_files(tmp_path, rtx):
     replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
     with pytest.raises(ExportError, match="not mixed"):
         export_problem(tmp_path, replayed, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+
+
+def _files(tmp_path, rtx, p) -> tuple[dict, dict, dict]:
+    """(gate_up file, down file, provenance entry) of `p`."""
+    folder = config_dir(tmp_path, rtx)
+    up, down = (json.loads((folder / sglang_file_name(p, rtx, down=d)).read_text()) for d in (False, True))
+    prov = json.loads((tmp_path / rtx.file_name / "provenance.json").read_text())
+    return up, down, prov["files"][sglang_file_name(p, rtx)]
+
+
+def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
+    from autotune.fsutil import sha256
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
+    c = Choice.pair(8, UP, DOWN, 4.12345, 6.00049, "shipped", {"default": 12.34567, "shipped": None})
+    summary = export_problem(tmp_path, rtx, p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
+    up, down, entry = _files(tmp_path, rtx, p)
+    folder = config_dir(tmp_path, rtx)
+    assert summary == {"files": [str(folder / sglang_file_name(p, rtx)), str(folder / entry["down_file"])], "kept": {}}
+    assert {k: entry[k] for k in ("problem", "compute_capability", "driver", "versions", "replay_note")} == {
+        "problem": p.to_dict(), "compute_capability": rtx.sm, "driver": rtx.driver, "versions": rtx.versions,
+        "replay_note": ""}
+    prov = json.loads((tmp_path / rtx.file_name / "provenance.json").read_text())
+    assert prov["device"] == rtx.to_dict() and entry["date"]
+    assert up == {"8": UP} and down == {"8": {**DOWN, "BLOCK_SIZE_M": UP["BLOCK_SIZE_M"]}}
+    assert entry["per_M"] == {"8": {"tuned_us": 10.124, "gate_up_us": 4.123, "down_us": 6.0, "source": "shipped",
+                                    "default_us": 12.346, "shipped_us": None, "trials": 40}}
+    assert entry["run"] == {"budget": "400s"} and entry["kept_existing"] == {}
+    assert (entry["device"], entry["triton"], entry["measured_on"]) == (rtx.name, "3.6.0", rtx.kind)
+    assert entry["sha256"] == {n: sha256(folder / n) for n in (sglang_file_name(p, rtx), entry["down_file"])}
+    replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
+    export_problem(tmp_path / "replay", replayed, p, {8: c}, {})
+    assert _files(tmp_path / "replay", replayed, p)[2]["replay_note"].startswith("replayed from a recorded")
+
+
+def test_a_rerun_keeps_every_m_it_did_not_measure_with_its_provenance(tmp_path, rtx):
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, BIG, BIG, t=30.0)},
+                   {"per_M": {1: {"trials": 40}}})
+    first = _files(tmp_path, rtx, p)[2]["per_M"]
+    summary = export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP, t=20.0)}, {})
+    up, down, entry = _files(tmp_path, rtx, p)
+    assert up == {"1": UP, "8": UP} and set(down) == {"1", "8"}
+    assert entry["per_M"]["1"] == first["1"] and entry["per_M"]["8"]["tuned_us"] == 20.0
+    assert summary["kept"] == {}
+
+
+def test_an_existing_entry_the_target_releases_cannot_run_is_never_kept(tmp_path, rtx):
+    # SGLang 0.5.16 passes the up-projection config to the kernel as it is: USE_TMA there crashes it
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8, 16))
+    tma_up = {**UP, "USE_TMA": True}
+    export_problem(tmp_path, rtx, p, {M: _choice(M, tma_up if M < 16 else UP, UP, t=5.0) for M in (1, 8, 16)}, {})
+    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=50.0)}, {}, targets=("0.5.16",))
+    up, _, entry = _files(tmp_path, rtx, p)
+    # M=1: replaced though slower; M=8: dropped (nothing new, and 0.5.16 cannot run it); M=16: kept as it was
+    assert up == {"1": UP, "16": UP} and summary["kept"] == {}
+    assert entry["per_M"]["1"]["tuned_us"] == 50.0 and entry["per_M"]["16"]["tuned_us"] == 5.0
+    assert "0.5.16" in entry["sglang_versions"] and entry["sglang_targets"] == ["0.5.16"]
+
+
+@pytest.mark.parametrize("broken, why", [("{", "not valid JSON"), ('{"1": {"BLOCK_SIZE_M": "x"}}', "M=1")])
+def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_only_under_force(tmp_path, rtx,
+                                                                                                 broken, why):
+    from autotune.export.sglang import ExportError
+    from autotune.fsutil import forcing
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
+    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    target.write_text(broken)
+    with pytest.raises(ExportError, match=f"{target.name}: {why}.*it is not merged into"):
+        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+    assert target.read_text() == broken
+    with forcing(True):
+        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+    up, down, _ = _files(tmp_path, rtx, p)
+    # the broken gate_up file replaced; M=8's down entry goes with it (a pair is kept whole or not at all)
+    assert up == {"1": BIG} and set(down) == {"1"}
+
+
+def test_a_merge_that_would_not_run_in_a_target_release_writes_nothing(tmp_path, rtx):
+    from autotune.export.sglang import ExportError
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
+    with pytest.raises(ExportError, match=r"would not run in SGLang 0.5.16, 0.5.17; nothing written"):
+        export_problem(tmp_path, rtx, p, {1: _choice(1, {**UP, "USE_TMA": True}, UP)}, {}, targets=("0.5.16", "0.5.17"))
+    assert not (tmp_path / rtx.file_name).exists()

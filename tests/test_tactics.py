@@ -74,8 +74,8 @@ def test_each_tactic_is_re_timed_beside_its_default_and_pinned_on_that_pair(tune
     _, tuner, _, _ = tuned
     for M in PROBLEM.batch_sizes:
         paired = tuner.careful[("layer", M, config_key(cfg(0)))]
-        # -1 sleeps 20 ms, tactic 0 1 ms: both timed in the same hold of the worker
-        assert paired.versus_us is not None and paired.versus_us > 5 * paired.time_us
+        # -1 costs 20 ms, tactic 0 1 ms (declared): both timed in the same hold of the worker
+        assert paired.versus_us == pytest.approx(20 * paired.time_us)
         assert tuner.careful[("layer", M, config_key(cfg(-1)))].versus_us is None
         pin = tuner.pinned["tunable"][M]
         assert pin.config == cfg(0) and pin.auto_us == paired.versus_us

@@ -90,7 +90,7 @@ def test_a_duel_turns_the_order_each_round_so_a_drift_weighs_on_both_sides():
 
 
 def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpaired():
-    # In-process on the CPU (Triton's interpreter workers' wall clock): tactic 0 beside -1 is paired;
+    # In-process on the CPU (the family's own clock in place of the wall clock): tactic 0 beside -1 is paired;
     # beside tactic 1, wrong at M=2, the timing goes unpaired and tactic 0 is not blamed for it.
     from autotune.measurer import Measurer
     from autotune.models import Problem
@@ -107,5 +107,35 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
         assert m.ok and not fatal
         return m
     paired = beside(-1)
-    assert paired.versus_us > 5 * paired.time_us and paired.samples == 3 * 3    # 3 rounds of (at most) 3
+    # the declared costs (tests/tactic_backends.py: -1 20 ms, tactic 0 1 ms), read on the family's clock
+    assert paired.versus_us == pytest.approx(20_000) and paired.time_us == pytest.approx(1_000)
+    assert paired.versus_spread == pytest.approx(0, abs=1e-9) and paired.samples == 3 * 3     # 3 rounds of (at most) 3
     assert beside(1).versus_us is None
+
+
+def test_a_duels_result_is_the_median_of_its_rounds_and_the_spread_of_their_ratios():
+    # three rounds: the tactic at 9, 10 and 12 µs beside the default at 10, 20 and 10: ratios 0.9, 0.5, 1.2
+    mine = iter([Timing(9.0, 0.01, 7, 0.1, 4), Timing(10.0, 0.03, 7, 0.1, 5), Timing(12.0, 0.02, 7, 0.1, 6)])
+    theirs = iter([Timing(us, 0.005, 7, 0.2, 4) for us in (10.0, 20.0, 10.0)])
+
+    def time_one(fn):
+        return next(mine) if fn == "tactic" else next(theirs)
+    t, versus_us, ratio_spread = measure.duel(time_one, "tactic", "default", rounds=3)
+    assert (t.median_us, t.spread, t.samples, t.calls) == (10.0, 0.02, 21, 4)
+    assert t.bench_s == pytest.approx(3 * 0.1 + 3 * 0.2)           # both sides' timing time
+    assert versus_us == 10.0 and ratio_spread == pytest.approx((1.2 - 0.5) / 0.9)
+    # a tactic timed at zero (no ratio to spread over) has no spread, not a division by zero
+    _, _, spread = measure.duel(lambda fn: Timing(0.0 if fn == "tactic" else 10.0, 0.0, 1, 0.0), "tactic", "default")
+    assert spread == 0.0
+
+
+def test_the_pin_rule_weighs_both_sides_noise_and_a_gain_of_exactly_the_noise_is_no_pin():
+    assert not pins_over_default(timed(3, 19.4, spread=0.005), timed(-1, 20.0, spread=0.04))   # the default's 4%
+    assert not pins_over_default(paired(19.4, 19.8, 0.004, spread=0.03), timed(-1, 20.0))      # the tactic's 3%
+    assert pins_over_default(paired(19.4, 19.8, None), timed(-1, 20.0))        # no ratio spread: the 1% floor
+    # 100 µs x (1 + 1%) is exactly 101 µs: not beyond the noise, either way of timing it
+    assert not pins_over_default(timed(3, 100.0, spread=0.0), timed(-1, 101.0, spread=0.0))
+    assert not pins_over_default(paired(100.0, 101.0, 0.0, spread=0.0), timed(-1, 200.0))
+    # a config that names no tactic runs the backend's default: never a pin over itself
+    no_tactic = Measurement("p", "layer", 8, {"backend": "flashinfer_cublas"}, OK, time_us=1.0, spread=0.0)
+    assert not pins_over_default(no_tactic, timed(-1, 20.0))

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autotune.validate.gate import KnownSpread, compare, comparisons_from_runs, gate, robust_sigma
+from autotune.validate.gate import KnownSpread, compare, comparisons_from_runs, gate, robust_sigma, spread
 
 
 def _noisy(base, factor, rel_noise, n, seed):
@@ -178,3 +178,69 @@ def test_the_gate_fails_when_no_point_could_be_judged():
     assert not g.passed and g.regressions == []
     assert g.lines[-1] == "gate FAILED: none of 2 tested points could be judged (each needs at least 2 runs per side)"
     assert not gate([compare("batch 1", [100.0], [130.0])], allow_regression=True).passed
+
+
+def test_a_change_of_exactly_the_threshold_is_not_called_either_way():
+    # no scatter: the threshold is the 1% floor, and a ratio of exactly 0.99 or 1.01 is not beyond it
+    assert compare("batch 1", [100.0] * 4, [99.0] * 4).verdict == "within noise"
+    assert compare("batch 1", [100.0] * 4, [101.0] * 4).verdict == "within noise"
+    assert compare("batch 1", [100.0] * 4, [98.9] * 4).verdict == "regression"
+
+
+def test_an_empty_side_is_refused_by_name_and_a_small_positive_throughput_is_not():
+    with pytest.raises(ValueError, match="batch 1: no runs on the tuned side"):
+        compare("batch 1", [1.0], [])
+    with pytest.raises(ValueError, match="batch 1: no runs on the baseline side"):
+        compare("batch 1", [], [1.0])
+    with pytest.raises(ValueError, match=r"batch 1: throughputs must be positive and finite, got \[1.0\] / \[inf\]"):
+        compare("batch 1", [1.0], [math.inf])
+    assert compare("batch 1", [0.5, 0.5], [0.6, 0.6]).verdict == "gain"        # requests per second, say
+
+
+def test_each_sides_spread_is_its_interquartile_range_over_its_median():
+    c = compare("batch 8", [90.0, 95.0, 100.0, 105.0, 110.0], [100.0, 102.0, 101.0])
+    assert c.baseline_spread == pytest.approx((107.5 - 92.5) / 100.0)    # quartiles of five
+    assert c.tuned_spread == pytest.approx((102.0 - 100.0) / 101.0)        # min..max below four
+    assert math.isnan(spread([])) and spread([0.0, 0.0]) == 0.0
+
+
+def test_the_grouping_hands_each_point_the_callers_settings():
+    runs = [{"side": side, "repeat": rep, "kind": kind, "x": x, "metrics": {"ms": v * (1.1 if side == "tuned" else 1)}}
+            for kind, x in (("server", 8), ("one_batch", 1)) for rep, v in enumerate((100.0, 103.0, 97.0))
+            for side in ("baseline", "tuned")]
+    known = {"server": KnownSpread(0.2, "server starts")}
+    cs = comparisons_from_runs(runs, "ms", unit="ms", min_effect=0.3, z=3.0, against="default",
+                               known_spread=lambda kind: known.get(kind))
+    assert [(c.point, c.x, c.unit, c.against) for c in cs] == [("one_batch 1", 1, "ms", "default"),
+                                                              ("server 8", 8, "ms", "default")]
+    assert all(c.threshold == 0.3 and c.verdict == "within noise" for c in cs)     # +10% under a 30% floor
+    one = [r for r in runs if not (r["side"] == "baseline" and r["repeat"] > 0)]    # one baseline run each
+    wide = comparisons_from_runs(one, "ms", z=3.0, known_spread=lambda kind: known.get(kind))
+    assert [c.sigma is not None for c in wide] == [True, True]
+    assert wide[1].threshold == pytest.approx(3 * math.sqrt(math.pi / 2) * wide[1].sigma)
+    assert "server starts" in wide[1].noise
+    assert "server starts" not in wide[0].noise
+    # by default the same z and floor as a single comparison
+    (default,) = comparisons_from_runs([r for r in runs if r["kind"] == "server"], "ms")
+    assert default.threshold == compare("x", [100.0, 103.0, 97.0], [110.0, 113.3, 106.7]).threshold
+    assert default.unit == "tok/s" and default.against == "baseline"
+
+
+def test_a_side_with_a_repeat_more_is_compared_whole_and_unpaired():
+    runs = [{"side": side, "repeat": rep, "kind": "server", "x": 8, "metrics": {"m": 100.0 + rep}}
+            for side, reps in (("baseline", (0, 1, 2)), ("tuned", (0, 1))) for rep in reps]
+    (c,) = comparisons_from_runs(runs, "m")
+    assert not c.paired and c.ratios == [] and c.baseline == [100.0, 101.0, 102.0] and c.tuned == [100.0, 101.0]
+    (c,) = comparisons_from_runs([r for r in runs if r["repeat"] in (0, 1)], "m")
+    assert c.paired and c.ratios == [1.0, 1.0]
+
+
+def test_the_gate_record_counts_each_baseline_apart():
+    cs = [compare(f"batch {x}", [100.0, 101, 99], [110.0, 111, 109], against="shipped") for x in (1, 8, 32)]
+    cs.append(compare("batch 1", [100.0, 101, 99], [80.0, 81, 79], against="default"))
+    d = gate(cs, allow_regression=True).to_dict()
+    assert d == {"passed": True, "allow_regression": True, "regressions": ["batch 1"], "lines": d["lines"],
+                 "points": [c.verdict_line() for c in cs],
+                 "counts": {"shipped": {"points": 3, "gain": 3, "within noise": 0, "regression": 0, "not judged": 0},
+                            "default": {"points": 1, "gain": 0, "within noise": 0, "regression": 1, "not judged": 0}}}
+    assert d["lines"][-1] == "gate: 1 regression(s) recorded and allowed (--allow-regression)"

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,11 +23,11 @@ from autotune.validate.sglang_commands import free_port, port_in_use
 
 STANDIN = textwrap.dedent('''
     """Stand-in HTTP process for autotune's process-manager tests (not a model server)."""
-    import argparse, http.server, os, signal, subprocess, sys, time
+    import argparse, http.server, os, signal, subprocess, sys
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--healthy-after", type=float, default=0.0)
+    ap.add_argument("--healthy-after", type=int, default=0, help="health checks answered 503 first")
     ap.add_argument("--never-healthy", action="store_true")
     ap.add_argument("--exit-now", type=int)
     ap.add_argument("--ignore-term", action="store_true")
@@ -43,14 +43,17 @@ STANDIN = textwrap.dedent('''
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.child_pidfile:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
         open(a.child_pidfile, "w").write(str(child.pid))
-    t0 = time.monotonic()
+    asked = []
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            ok = not a.never_healthy and time.monotonic() - t0 >= a.healthy_after
-            self.send_response(200 if ok and self.path == "/health_generate" else 503)
+            asked.append(self.path)
+            ok = not a.never_healthy and len(asked) > a.healthy_after
+            code = 200 if ok and self.path == "/health_generate" else 503
+            print(f"health check {len(asked)}: {code}", flush=True)
+            self.send_response(code)
             self.end_headers()
 
         def log_message(self, *args):
@@ -81,10 +84,12 @@ def _alive(pid: int) -> bool:
 def test_start_wait_healthy_and_stop_kills_the_whole_group(standin, tmp_path):
     port = free_port()
     pidfile = tmp_path / "child.pid"
-    srv = ServerProcess(standin(port, "--healthy-after", "0.6", "--child-pidfile", str(pidfile)), port=port,
+    srv = ServerProcess(standin(port, "--healthy-after", "3", "--child-pidfile", str(pidfile)), port=port,
                         log_path=tmp_path / "s.log", health_timeout_s=20, poll_s=0.1, shutdown_grace_s=5)
     with srv:
-        assert srv.healthy_after_s >= 0.5
+        # the block starts after the first healthy answer, not before, and asked nothing more
+        answers = re.findall(r"^health check \d+: (\d+)$", (tmp_path / "s.log").read_text(), re.M)
+        assert answers == ["503", "503", "503", "200"] and srv.healthy_after_s > 0
         pid, child = srv.proc.pid, int(pidfile.read_text())
         assert _alive(pid) and _alive(child) and port_in_use(port)
     assert srv.proc is None
@@ -153,14 +158,14 @@ def test_benchmark_exiting_non_zero_or_hanging_is_an_error_with_its_output(tmp_p
         run_logged([sys.executable, "-c", "print('no server answered'); raise SystemExit(4)"],
                    log_path=tmp_path / "b.log", timeout_s=30, what="serving at concurrency 8")
     with pytest.raises(BenchmarkError, match="did not finish in 1 s"):
-        run_logged([sys.executable, "-c", "import os, time; print('hanging pid=%d' % os.getpid(), flush=True); time.sleep(600)"],
+        run_logged([sys.executable, "-c", "import os, signal; print('hanging pid=%d' % os.getpid(), flush=True); signal.pause()"],
                    log_path=tmp_path / "h.log", timeout_s=1, what="one_batch_server")
     hung = int(re.search(r"hanging pid=(\d+)", (tmp_path / "h.log").read_text()).group(1))
     assert not _alive(hung)         # killed at its timeout, not waited for
     # success: the log holds the command line and its output, and what the command left running in
     # its process group (a background child) is killed before run_logged returns
     cmd = [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
-           "'import time; time.sleep(600)']); print('ok, child pid=%d' % p.pid, flush=True)"]
+           "'import signal; signal.pause()']); print('ok, child pid=%d' % p.pid, flush=True)"]
     run_logged(cmd, log_path=tmp_path / "ok.log", timeout_s=30, what="ok")
     log = (tmp_path / "ok.log").read_text()
     assert log.splitlines()[0] == "$ " + shlex.join(cmd)
@@ -248,7 +253,7 @@ def test_sigterm_becomes_keyboard_interrupt_while_validating():
     with pytest.raises(KeyboardInterrupt):
         with _SigtermAsInterrupt():
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
+            threading.Event().wait(30)     # the handler raises in this thread (a deadline, not a sleep)
     assert signal.getsignal(signal.SIGTERM) == before
 
 

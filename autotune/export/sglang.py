@@ -141,8 +141,9 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
                 per_m[str(M)] = old_entry["per_M"][str(M)]
             continue
         old = old_entry.get("per_M", {}).get(str(M)) if same_stack else None
+        # compared as provenance keeps both (3 decimals): the same timing read back is no faster
         keep_old = old is not None and old_ok and (
-            new is None or (old.get("tuned_us") is not None and old["tuned_us"] < new.total_us))
+            new is None or (old.get("tuned_us") is not None and old["tuned_us"] < round(new.total_us, 3)))
         if keep_old:
             up_json[str(M)], down_json[str(M)] = old_up[str(M)], old_down[str(M)]
             per_m[str(M)] = old

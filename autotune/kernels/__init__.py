@@ -59,6 +59,10 @@ class KernelFamily(Protocol):
         """Optional: the GPU memory of the work the run's own process does for `problem` (the Triton MoE
         family's layer check), counted in the plan beside the workers'."""
 
+    # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
+    # place of the wall clock (which says nothing about speed there): a family whose launches declare
+    # their cost (the tests' fakes) is timed by the declaration, not by a loaded machine's scheduler.
+
 
 def get_family(spec: str, **options) -> KernelFamily:
     """A family by its registered name (autotune.families), or by "module:Class" (tests inject faulty
