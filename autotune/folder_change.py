@@ -54,7 +54,7 @@ def real(path: str | Path) -> str:
     path = Path(path)
     for change in _ACTIVE.values():
         if change.staging is not None and (path == change.staging or change.staging in path.parents):
-            return str(change.folder / path.relative_to(change.staging))
+            return str(change.given / path.relative_to(change.staging))
     return str(path)
 
 
@@ -62,7 +62,7 @@ def in_words(text: str) -> str:
     """A message with each staged copy's path as the folder's own (what the user knows)."""
     for change in _ACTIVE.values():
         if change.staging is not None:
-            text = text.replace(str(change.staging), str(change.folder))
+            text = text.replace(str(change.staging), str(change.given))
     return text
 
 
@@ -82,6 +82,7 @@ class FolderChange:
 
     def __init__(self, folder: str | Path, record_hashes: bool = True):
         self.folder = _key(folder)
+        self.given = Path(folder)              # as the user named it: what messages show
         self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
         # In the temp folder, as autotune.run_lock's: the user's folder gets no litter (one host reaches it)
         self.lock_path = Path(tempfile.gettempdir()) / (
@@ -101,7 +102,7 @@ class FolderChange:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunLocked(f"another autotune command ({holder}) is writing into {self.folder}; wait for it to "
+            raise RunLocked(f"another autotune command ({holder}) is writing into {self.given}; wait for it to "
                             "finish, or write into another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
@@ -149,20 +150,20 @@ class FolderChange:
         if self.staging is None:
             return None
         if self.failed:
-            return f"nothing in {self.folder} changed: {self.failed}"
+            return f"nothing in {self.given} changed: {self.failed}"
         if not _differs(self.folder, self.staging):
             return None
         if self.record_hashes:
             try:
                 record_folder_hashes(self.staging)
             except OSError as e:
-                return f"nothing in {self.folder} changed: {in_words(str(e))}"
+                return f"nothing in {self.given} changed: {in_words(str(e))}"
         now = manifest(self.folder)
         if now != self._before:
             aside = self.folder.parent / f"{self.folder.name}.autotune-change-{os.getpid()}"
             os.rename(self.staging, aside)
             self.staging = None
-            return (f"{self.folder} was changed by another hand while this run measured: not replaced; "
+            return (f"{self.given} was changed by another hand while this run measured: not replaced; "
                     f"this run's change is in {aside} (compare and move it in, or run again)")
         _swap(self.staging, self.folder, self._existed)
         _fsync_dir(self.folder.parent)

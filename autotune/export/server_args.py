@@ -102,16 +102,19 @@ def render(details: dict, path: str | Path, user_flags=frozenset()) -> str:
     device = DeviceInfo.from_dict(details["device"])
     families = details["families"]
     checkpoint = details.get("checkpoint")
+    from ..folder_change import real
+
+    shown = Path(real(path))                  # where the file will be once its folder's change is in
     lines = [f"{BEGIN} for {device.name} (SM{device.sm}), {details['date']}",
              f"# families: {', '.join(families)}; MoE runner line for: {checkpoint or '-'}",
-             f"# load with: python -m sglang.launch_server --config {path} ..."]
+             f"# load with: python -m sglang.launch_server --config {shown} ..."]
     folder = Path(path).parent
     if (folder / BLOCKLIST_FILE).exists():
-        lines.append(f"# tactics our check disqualified: export FLASHINFER_TACTICS_BLOCKLIST={folder / BLOCKLIST_FILE} "
-                     "before the launch (SGLang's start-up tuning then never picks them)")
+        lines.append(f"# tactics our check disqualified: export FLASHINFER_TACTICS_BLOCKLIST="
+                     f"{shown.parent / BLOCKLIST_FILE} before the launch (SGLang's start-up tuning then never picks them)")
     if (folder / CACHE_FILE).exists():
-        lines.append(f"# winning tactics ({folder / CACHE_FILE}) into SGLang's cache, one identical file per rank: "
-                     f"autotune install {folder} --model-path <the server's> --tp <N>")
+        lines.append(f"# winning tactics ({shown.parent / CACHE_FILE}) into SGLang's cache, one identical file per rank: "
+                     f"autotune install {shown.parent} --model-path <the server's> --tp <N>")
     lines.append("")
     for name, entry in families.items():
         flag = flag_of(name)
