@@ -19,28 +19,59 @@ ARG FLASHINFER_VERSION=0.7.2
 ARG OPTUNA_VERSION=5.0.0
 ARG PSYCOPG_VERSION=3.3.9
 
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev git \
-    && rm -rf /var/lib/apt/lists/*
+# ca-certificates: a plain Debian base has no CA bundle (nvidia/cuda's has); PIP_CERT below names it.
+# apt-get clean: nvidia/cuda's base drops downloaded packages by its own apt configuration, a plain
+# Debian base (debootstrap) keeps them in the layer.
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev git ca-certificates \
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
 
+# The CA bundle pip verifies with (an ARG is in RUN's environment, and pip reads PIP_CERT): the
+# image's own by default. Behind a TLS-inspecting proxy, give the machine's bundle as a build secret,
+# mounted read-only at its own path for the pip steps only, never a layer of the image:
+#   docker build --secret id=pip-cert,src=/etc/ssl/certs/ca-certificates.crt \
+#       --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt ...      (scripts/build_image.sh does this)
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+
 # The GPU stack, in full: torch for this CUDA, SGLang with its sgl_kernel, FlashInfer (JIT kernels
-# compile on first use into the cache volume below).
-RUN pip install --no-cache-dir --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}" \
-    && pip install --no-cache-dir "sglang==${SGLANG_VERSION}" "flashinfer-python==${FLASHINFER_VERSION}" \
-       "optuna==${OPTUNA_VERSION}" "psycopg[binary]==${PSYCOPG_VERSION}" pandas pyyaml tqdm matplotlib
+# compile on first use into the cache volume below). Every package the CPU tests run is held at the
+# version they ran (requirements/cpu.lock, as constraints: the image runs the stack that was tested),
+# except two that SGLang's full dependency tree forbids at those versions (the CPU setup installs
+# SGLang without its dependencies): numpy < 2.4 (mistral-common, on Python <= 3.12) and
+# python-dateutil < 3. The version args must equal requirements/ (tests/test_deploy.py); another
+# stack is a change of both. Dockerfile.pip-freeze.txt is what this resolved to.
+RUN --mount=type=secret,id=pip-cert,target=${PIP_CERT} \
+    --mount=type=bind,source=requirements/cpu.lock,target=/tmp/cpu.lock \
+    grep -v -E '^(numpy|python-dateutil)==' /tmp/cpu.lock > /tmp/constraints.txt \
+    && pip install --no-cache-dir -c /tmp/constraints.txt --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}" \
+    && pip install --no-cache-dir -c /tmp/constraints.txt "sglang==${SGLANG_VERSION}" \
+       "flashinfer-python==${FLASHINFER_VERSION}" "optuna==${OPTUNA_VERSION}" "psycopg[binary]==${PSYCOPG_VERSION}" \
+       pandas pyyaml tqdm matplotlib \
+    && rm /tmp/constraints.txt && pip check
+# podman build (buildah) deletes a secret's mount target after its step, even a file the image had:
+# the bundle is made again from the image's own certificates (a no-op where the file was left alone).
+RUN update-ca-certificates >/dev/null
 
 WORKDIR /opt/autotune
 COPY pyproject.toml README.md ./
 COPY autotune ./autotune
 COPY search_spaces ./search_spaces
-RUN pip install --no-cache-dir --no-deps -e .
+# --no-build-isolation: the setuptools installed above builds it (no index needed, nor a CA bundle).
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e .
 
 # JIT caches (Triton, FlashInfer, SGLang's own kernels) on a volume: compiled once per machine.
-RUN useradd --create-home --uid 1000 tuner && mkdir -p /work /cache && chown tuner /work /cache
+# uid 1000 (a host user's usual uid, so files on bind mounts are theirs); Ubuntu 24.04 (nvidia/cuda's
+# base) already gives it to the user `ubuntu`, and useradd then refuses it.
+RUN if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
+    && useradd --create-home --uid 1000 tuner && mkdir -p /work /cache && chown tuner /work /cache
 ENV TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache SGLANG_CACHE_DIR=/cache/sglang \
     XDG_CACHE_HOME=/cache
 VOLUME ["/cache"]
+# The base it was built FROM, for people and for tests/test_container.py (which builds the PostgreSQL
+# image of deploy/ on the same base).
+ARG CUDA_IMAGE
+LABEL org.opencontainers.image.base.name=${CUDA_IMAGE}
 USER tuner
 WORKDIR /work
 ENTRYPOINT ["autotune"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import families
-from .errors import NothingDone, UsageError
+from .errors import Incomplete, NothingDone, UsageError
 
 
 @dataclass
@@ -109,6 +109,7 @@ def run(req: RunRequest) -> RunResult:
         kernels = parse_kernels(req.kernels)
     except PlanError as e:
         raise UsageError(str(e))
+    check_for_kernels(req, kernels)
     if req.out is None and req.only_drifted:
         req = dataclasses.replace(req, out=str(Path(req.only_drifted).resolve().parent))   # back where they were
     if req.out is None:
@@ -118,13 +119,11 @@ def run(req: RunRequest) -> RunResult:
         from .fsutil import check_writable
         try:
             check_writable(req.out)
-            if req.json:
-                if Path(req.json).is_dir():
-                    raise OSError(f"--json {req.json} is a folder; name a file")
-                check_writable(Path(req.json).parent)
         except OSError as e:
             raise UsageError(str(e))
-    device, pool, cache, exp, plans = run_open.open_device(req, kernels)
+        if req.json and Path(req.json).is_dir():
+            raise UsageError(f"--json {req.json} is a folder; name a file")
+    device, pool, cache, exp, plans, memory = run_open.open_device(req, kernels)
     if req.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
         if pool is not None:
             pool.close()
@@ -143,6 +142,8 @@ def run(req: RunRequest) -> RunResult:
               .get(device.kind, ""))
     for line in scope(plans, selection(req)[1], req.trials or 40, req.neighbours, req.budget, cache, device).lines:
         print(line)
+    for line in (memory.lines(device.name) if memory is not None else ()):
+        print(line)
     if req.dry_run:
         for fp in plans:           # what the run would leave out, as the run says it
             if fp.unsupported:
@@ -155,9 +156,14 @@ def run(req: RunRequest) -> RunResult:
     run_name = run_outputs.run_name(req, device)
     storage = run_outputs.outputs_then_storage(req, device, pool, plans, skus, run_name)
     summary = new_summary()
+    if memory is not None:
+        summary["memory_plan"] = memory.to_dict()
+    from .folder_change import folder_change
     from .run_lock import run_lock
     from .storage import DEFAULT_STORAGE
-    with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name):
+    with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name), \
+            folder_change(Path(req.out) / device.file_name) as change:
+        change.begin()
         label = ("REPLAY of a recorded measurement cache (" + req.replay + "), not a live GPU"
                  if device.is_replay else f"{device.kind}")
         print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
@@ -178,20 +184,57 @@ def run(req: RunRequest) -> RunResult:
         clock = Clock(pool)
         steps = run_open.by_step(plans)
         configs_written = False
+        if steps.get(families.CONFIGS) and hasattr(pool, "use_phase"):
+            pool.use_phase(run_open.phase_name(families.CONFIGS))
         for fp in steps.get(families.CONFIGS, ()):
             configs_written |= run_configs(req, fp, device, pool, storage, req.budget, clock, run_name, warm, summary)
         if steps.get(families.CONFIGS) and not configs_written and not steps.get(families.BACKENDS):
+            _raise_incomplete(summary)
             raise NothingDone("no config of " + ", ".join(fp.name for fp in steps[families.CONFIGS]) + " ran "
                               "correctly at any batch size: nothing written (the lines above say why)")
         if steps.get(families.BACKENDS):
             from .run_backends import run_backend_choice
+            if hasattr(pool, "use_phase"):
+                pool.use_phase(run_open.phase_name(families.BACKENDS))
             run_backend_choice(req, steps[families.BACKENDS], device, pool, storage, run_name, summary)
             if summary.get("backends_chosen") is False and not configs_written:
                 raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[families.BACKENDS])
                                   + " ran correctly at a measured batch size: nothing written (the tables above "
                                   "say why; --skip-backends may have left out the ones that run)")
-    run_outputs.write_summary(req, device, summary)
+        if memory is not None:
+            summary["memory_plan"].update(measured_peak_bytes=pool.peak_bytes, resource_retries=pool.resource_retries,
+                                          workers_retired=pool.retired)
+    if change.outcome:
+        print(change.outcome)
+        summary.setdefault("incomplete", []).append(change.outcome)
+    from .run_common import after_search
+    after_search(summary, f"--json {req.json}", run_outputs.write_summary, req, device, summary)
+    _raise_incomplete(summary)
     return RunResult(summary, str(Path(req.out) / device.file_name))
+
+
+def _raise_incomplete(summary: dict) -> None:
+    if summary.get("incomplete"):
+        raise Incomplete(f"{len(summary['incomplete'])} step(s) of the run failed or left a batch size without a key "
+                         "(the storage holds every measurement; the same command redoes the step without measuring): "
+                         + "; ".join(summary["incomplete"]))
+
+
+def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
+    """The settings of one family need it among the run's kernels: without it they were ignored in
+    silence (a search space never read, server_args.yaml naming another family's runner)."""
+    from .warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
+
+    readers = {"--search-space": [n for n in families.names() if "space_path" in families.get(n).options],
+               "--warm-start": [FAMILY], "--only-drifted": [FAMILY]}
+    for flag, value in (("--search-space", req.search_space), ("--warm-start", req.warm_start),
+                        ("--only-drifted", req.only_drifted)):
+        if value is not None and not set(readers[flag]) & set(kernels):
+            raise UsageError(f"{flag} is read by {', '.join(readers[flag])}, which --kernels {req.kernels} does not "
+                             f"run: add it to --kernels or leave {flag} out")
+    if req.checkpoint is not None and req.checkpoint not in kernels:
+        raise UsageError(f"--checkpoint {req.checkpoint} names a family --kernels {req.kernels} does not run: add it "
+                         "to --kernels or leave --checkpoint out")
 
 
 def worker(req: WorkerRequest) -> None:

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from . import families
 from .device import DeviceInfo
+from .gpus import SM120S
 
-SM100S = frozenset({100, 103})
-SM120S = frozenset({120, 121})
 HOPPER_AND_UP = frozenset({90, 100, 103, 110, 120, 121})
 
 

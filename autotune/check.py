@@ -105,6 +105,10 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
     from .models import Problem, problem_from_dict
     from .kernels.moe_layer import LayerError, MoeSides, time_sides, verdict
 
+    from .gpu_memory import hold_to_cap
+
+    if timer is None:
+        hold_to_cap()
     timer = timer or time_sides
     slow, lines, timed, held = 0, [], 0, set()
     for name, entry in sorted(prov["files"].items()):
@@ -152,6 +156,15 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
     for name, why in broken.items():
         bad += 1
         lines.append(f"drift: {name}: {why}")
+    from .folder_change import unvouched
+    for rel, why in unvouched(Path(folder), prov):      # every file, listed or not
+        if Path(rel).name in broken:
+            continue
+        if rel.startswith("configs/"):                  # what SGLang's loader serves
+            bad += 1
+            lines.append(f"drift: {rel}: {why}")
+        else:                                           # publish merges server_args.yaml, say
+            lines.append(f"note: {rel}: {why}")
     for name, why in file_drift(prov, targets).items():
         if name in broken:
             continue

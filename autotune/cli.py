@@ -1,32 +1,40 @@
 """The `autotune` command: main, and run, worker, export and record as calls of the library
-(autotune.api); the flags: cli_parser.py; the commands on folders: folder_commands.py, printed by cli_folder.py."""
+(autotune.api); the flags: cli_parser.py; the commands on folders: folder_commands.py, printed by cli_folder.py.
+
+This module imports nothing that takes time: main installs the Ctrl-C and SIGTERM handlers before
+the first import that can (the parser's, SGLang's, torch's), so a stop at any moment is one line and
+exit 130 or 143 (a Ctrl-C in the first tenth of a second was a traceback from inside an import)."""
 from __future__ import annotations
 
 import sys
 
-from . import api, cli_parser
-from .cli_common import EXIT_BAD_INPUT, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
-from .errors import NothingDone, UsageError
+from . import stops, textout
+
+EXIT_STOPPED = {"SIGINT": 130, "SIGTERM": 143}
 
 
 # --- the commands that measure: a request from the flags, the library call (autotune.api) -------
 
 def cmd_run(args) -> int:
+    from . import api
     api.run(api.request(api.RunRequest, args))
     return 0
 
 
 def cmd_worker(args) -> int:
+    from . import api
     api.worker(api.request(api.WorkerRequest, args))
     return 0
 
 
 def cmd_export(args) -> int:
+    from . import api
     api.export(api.request(api.ExportRequest, args))
     return 0
 
 
 def cmd_record(args) -> int:
+    from . import api
     api.record(api.request(api.RecordRequest, args))
     return 0
 
@@ -34,32 +42,68 @@ def cmd_record(args) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 def build_parser():
+    from . import cli_parser
     from .cli_folder import commands
 
     return cli_parser.build_parser({**commands, "run": cmd_run, "worker": cmd_worker, "export": cmd_export,
                                     "record": cmd_record})
 
 
+def _memory_cap_problem() -> str | None:
+    """AUTOTUNE_GPU_MEMORY read once, before any command: every command that touches the GPU obeys it."""
+    from .gpu_memory import GpuMemoryError, memory_cap
+
+    try:
+        memory_cap()
+    except GpuMemoryError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
+    """The command line `argv` (None: the process's own, and the process ends after it: a stop from
+    then on, in the interpreter's shutdown, ends it at once with the same code)."""
+    stops.install()
+    textout.plain_fallbacks()          # an output encoding that lacks a character is never a failure
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:
+        stops.finishing()              # a second stop while this is said: the same exit, at once
+        # CPython remembers a KeyboardInterrupt that ended any code run from a string (dataclasses and
+        # namedtuple make their methods so), even one caught here, and `python -m autotune` then dies
+        # by SIGINT instead of exiting 130; each such run forgets it first, so one more resets it.
+        exec("pass", {})
+        import signal
+
+        by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
+        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
+              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
+        code = EXIT_STOPPED[by]
+    if argv is None:
+        stops.finishing(code)
+    else:
+        stops.install()                # an in-process caller goes on: a later stop is its KeyboardInterrupt
+    return code
+
+
+def _main(argv) -> int:
+    from .cli_common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+    from .errors import Incomplete, NothingDone, UsageError
     from .fsutil import FileFormatError, forcing
+    from .inputs import BadInput, cache_folders_problem, one_line
     from .models import ModelError
     from .run_lock import RunLocked
     from .spaces import SpaceError
-
-    from .inputs import BadInput, cache_folders_problem, one_line
 
     try:
         args = build_parser().parse_args(argv)
     except BadInput as e:
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    why = cache_folders_problem()
+    why = cache_folders_problem() or _memory_cap_problem()
     if why:
         print(f"autotune: error: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from . import stops
-
-    stops.install()
     if getattr(args, "log_level", None) == "debug":
         import importlib
 
@@ -75,6 +119,9 @@ def main(argv=None) -> int:
     except NothingDone as e:
         print(f"autotune: {one_line(e)}", file=sys.stderr)
         return EXIT_NOTHING_DONE
+    except Incomplete as e:
+        print(f"autotune: incomplete: {one_line(e)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except Exception as e:
         import optuna
         import sqlalchemy.exc
@@ -85,13 +132,6 @@ def main(argv=None) -> int:
               "measurements told before are kept, nothing was exported for the unfinished problem",
               file=sys.stderr)
         return EXIT_STORAGE_LOST
-    except KeyboardInterrupt:
-        import signal
-
-        by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
-        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
-              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
-        return 143 if by == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def _add_search_args(p) -> None:
 
 
 def _add_storage_and_out(p) -> None:
-    p.add_argument("--storage", type=inputs.path, help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--storage", type=inputs.storage_url, help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--out", type=inputs.path, help="folder for SGLang's files (default tuned_configs; with --replay tuned_configs/replay)")
     p.add_argument("--device-name", action="append", metavar="NAME",
                    help="also write the tuned files under another SKU's name of the same chip, as "
@@ -58,6 +58,7 @@ def _add_device_args(p) -> None:
                         "in the temp folder, named at the start")
     g.add_argument("--replay-realtime", type=inputs.number(0, most=100.0), default=0.0,
                    help="with --replay: answer after this many x the recorded device seconds (tests)")
+    p.needs("--replay-realtime", "--replay", "it paces a replay's answers")
 
 
 def _version() -> str:
@@ -81,7 +82,7 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.set_defaults(fn=commands["shapes"])
 
     p = sub.add_parser("run", help="tune, select, export SGLang's config files")
-    add_selection(p)
+    models = add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
     p.add_argument("--budget", type=inputs.seconds, help="device time for the whole run, e.g. 20m (a unit is needed: 90s, 20m, 1.5h)")
@@ -93,10 +94,14 @@ def build_parser(commands: dict) -> inputs.Parser:
     _add_storage_and_out(p)
     p.add_argument("--record", type=inputs.path, help="also write every measurement to this cache file")
     p.add_argument("--json", metavar="FILE", type=inputs.path, help="also write a machine-readable summary of the run here")
-    p.add_argument("--only-drifted", metavar="FOLDER", type=inputs.path,
-                   help="re-tune only the files of this exported folder that `autotune check` calls drifted (another "
-                        "GPU or Triton, or an SGLang release in --sglang-version they do not run in); the problems "
-                        "come from its provenance, the files go back into it")
+    models.add_argument("--only-drifted", metavar="FOLDER", type=inputs.path,
+                        help="re-tune only the files of this exported folder that `autotune check` calls drifted "
+                             "(another GPU or Triton, or an SGLang release in --sglang-version they do not run in); "
+                             "the problems come from its provenance, the files go back into it")
+    p.excludes("--only-drifted", ("--tp", "--ep", "--dtype", "--batch-sizes"),
+               "the folder's provenance names the problems and batch sizes it re-tunes")
+    p.needs("--target-device", "--dry-run", "it plans a run for a GPU model; a run measures on the GPU it finds")
+    p.excludes("--target-device", ("--replay",), "both name the device")
     p.add_argument("--kernels", default="all",
                    help=f"kernel families: {', '.join(families.names())}, or all (default: all that this GPU supports)")
     p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
@@ -113,7 +118,7 @@ def build_parser(commands: dict) -> inputs.Parser:
     add_selection(p)
     _add_device_args(p)
     _add_search_args(p)
-    p.add_argument("--storage", required=True, type=inputs.path, help="shared Optuna storage URL, e.g. postgresql://...")
+    p.add_argument("--storage", required=True, type=inputs.storage_url, help="shared Optuna storage URL, e.g. postgresql://...")
     p.add_argument("--gpu", dest="gpus", type=inputs.gpus, default="0", help="the GPU this worker measures on")
     p.add_argument("--heartbeat", type=inputs.count(1, MAX_HEARTBEAT), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")
@@ -148,14 +153,14 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.set_defaults(fn=commands["record"])
 
     p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
-    p.add_argument("caches", nargs="+", type=inputs.path)
+    p.add_argument("caches", nargs="+", type=inputs.path, action=inputs.DistinctPaths)
     p.add_argument("-o", "--output", required=True, type=inputs.path)
     inputs.add_force(p)
     p.set_defaults(fn=commands["merge-caches"])
 
     p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
                                              "one server_args.yaml")
-    p.add_argument("sources", nargs="+", type=inputs.path, help="tuned folders (<out>/<device>) or backend_choice.json files")
+    p.add_argument("sources", nargs="+", type=inputs.path, action=inputs.DistinctPaths, help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", type=inputs.path, help="folder holding <device>/server_args.yaml")
     inputs.add_force(p)
     p.set_defaults(fn=commands["merge-choices"])
@@ -177,6 +182,7 @@ def build_parser(commands: dict) -> inputs.Parser:
                         "default configs")
     p.add_argument("--batch-sizes", default=None, type=inputs.int_list(MAX_BATCH),
                    help="batch sizes to re-time (default: 1, 32, 256, 4096 where the file holds them)")
+    p.excludes("--no-retime", ("--batch-sizes",), "--batch-sizes are the ones re-timed")
     p.set_defaults(fn=commands["check"])
 
     p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "
@@ -205,8 +211,9 @@ def build_parser(commands: dict) -> inputs.Parser:
 
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")
-    p.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
-    p.add_argument("--model-config", type=inputs.path, help="any HF config.json (or its folder)")
+    models = p.add_mutually_exclusive_group()
+    models.add_argument("--model", help="a Qwen3.5 preset, e.g. qwen3.5-397b-a17b")
+    models.add_argument("--model-config", type=inputs.path, help="any HF config.json (or its folder)")
     p.add_argument("--tp", type=inputs.count(1, inputs.MAX_GPUS), required=True,
                    help="the deployment's tensor-parallel size")
     p.add_argument("--layers", type=inputs.count(1), help="keep only this many of the model's layers (default: all)")

@@ -14,11 +14,13 @@ a folder name) is a plain file name; an overlay file is a path of plain names in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .fsutil import sha256
+from .names import DeviceName, PlainText, TritonVersion, Version, plain_text_problem
+from .recording_header import KINDS
 from .reading import load_json
 
 
@@ -41,20 +43,43 @@ class TritonConfig(BaseModel):
         return v
 
 
+def _printable(v: str) -> None:
+    """A name SGLang writes is printable ASCII: a control character (a newline, a tab) split the lines
+    autotune prints, and anything else is not one of its files."""
+    if not (v.isascii() and v.isprintable()):
+        raise ValueError(f"{v!r:.80} is not a plain file name (printable ASCII, no control character)")
+
+
 def _plain_name(v: str) -> str:
-    if v in ("", ".", "..") or any(c in v for c in "/\\\0"):
+    _printable(v)
+    if v in ("", ".", "..") or any(c in v for c in "/\\"):
         raise ValueError(f"{v!r} is not a plain file name (no folder, no '..', not empty)")
     return v
 
 
 def _inside_path(v: str) -> str:
-    if any(part in ("", ".", "..") or any(c in part for c in "\\\0") for part in v.split("/")):
+    _printable(v)
+    if any(part in ("", ".", "..") or "\\" in part for part in v.split("/")):
         raise ValueError(f"{v!r} is not a path inside the folder (plain names joined by '/', no '..', not absolute)")
     return v
 
 
 FileName = Annotated[str, AfterValidator(_plain_name)]
 InsidePath = Annotated[str, AfterValidator(_inside_path)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _version_value(v):
+    """A recorded version: text ('' or '?' where a package has none), a flag (triton_tma) or a
+    package's own record (flashinfer_metadata)."""
+    why = None if v is None or isinstance(v, (bool, dict)) else plain_text_problem(v, 80)
+    if why:
+        raise ValueError(why)
+    return v
+
+
+# The versions a provenance records: python, torch, triton, sglang, ... by name.
+Versions = dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")], Annotated[object, AfterValidator(_version_value)]]
 
 
 class _Record(BaseModel):
@@ -68,34 +93,38 @@ class PerM(_Record):
     down_us: Optional[float] = None
     default_us: Optional[float] = None
     shipped_us: Optional[float] = None
-    source: Optional[str] = None
+    source: Optional[PlainText] = None
 
 
 class FileEntry(_Record):
     down_file: Optional[FileName] = None
     problem: Optional[dict] = None
-    device: Optional[str] = None
+    device: Optional[DeviceName] = None
     compute_capability: Optional[int] = None
-    triton: Optional[FileName] = None          # names its configs/triton_<version>/ folder
-    measured_on: Optional[str] = None
-    measured_on_sku: Optional[str] = None
-    sglang_versions: Optional[list[str]] = None
+    driver: Optional[PlainText] = None
+    triton: Optional[TritonVersion] = None     # names its configs/triton_<version>/ folder
+    measured_on: Optional[Literal[KINDS]] = None
+    measured_on_sku: Optional[DeviceName] = None
+    sglang_versions: Optional[list[Version]] = None
+    sglang_targets: Optional[list[Version]] = None
     per_M: dict[str, PerM] = {}
-    sha256: dict[str, str] = {}
-    versions: dict = {}
+    sha256: dict[FileName, Sha256] = {}
+    versions: Versions = {}
 
 
 class Overlay(_Record):
+    sglang: Optional[Version] = None
+    targets: list[Version] = []
     files: list[InsidePath] = []
-    skipped: dict = {}
-    sha256: dict[str, str] = {}
+    skipped: dict[InsidePath, PlainText] = {}
+    sha256: dict[InsidePath, Sha256] = {}
 
 
 class RecordedDevice(_Record):
-    name: Optional[str] = None
+    name: Optional[DeviceName] = None           # names the folder and branch publish writes
     sm: Optional[int] = None
-    driver: Optional[str] = None
-    versions: dict = {}
+    driver: Optional[PlainText] = None
+    versions: Versions = {}
 
 
 class Provenance(_Record):
@@ -105,7 +134,7 @@ class Provenance(_Record):
 
 
 class ChoiceDevice(_Record):
-    name: str
+    name: DeviceName
     sm: int
     kind: str = "gpu"
     versions: dict = {}
@@ -124,7 +153,7 @@ class BackendChoices(_Record):
     checkpoint: Optional[str] = None
 
 
-def _problem(model, doc) -> str | None:
+def first_error(model, doc) -> str | None:
     try:
         model.model_validate(doc)
     except ValidationError as e:
@@ -137,12 +166,12 @@ def _problem(model, doc) -> str | None:
 
 def choices_problem(doc) -> str | None:
     """Why `doc` is not a backend_choice.json autotune reads; None when it is."""
-    return _problem(BackendChoices, doc)
+    return first_error(BackendChoices, doc)
 
 
 def provenance_problem(doc) -> str | None:
     """Why `doc` is not a provenance.json autotune reads; None when it is."""
-    return _problem(Provenance, doc)
+    return first_error(Provenance, doc)
 
 
 def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:
@@ -223,7 +252,7 @@ def _problem_and_device(entry: dict):
         problem = problem_from_dict(entry.get("problem"))
     except ModelError:
         return None, None
-    from .device import SMEM_OPTIN
+    from .gpus import SMEM_OPTIN
     sm = entry.get("compute_capability") if type(entry.get("compute_capability")) is int else 90
     device = DeviceInfo.from_dict({"name": str(entry.get("device")), "sm": sm, "smem_optin": SMEM_OPTIN.get(sm, 0),
                                    "versions": {"triton": str(entry.get("triton"))}})

@@ -6,34 +6,12 @@ import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-# Opt-in shared memory per block (bytes) of the architectures we target, for planning on a
-# machine that does not have the GPU (`autotune shapes --target-sm`).
-SMEM_OPTIN = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
-              110: 232448, 120: 101376, 121: 101376}
-# GPUs we name in reports when planning for them.
-SM_NAMES = {90: "NVIDIA H200", 100: "NVIDIA B200", 120: "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
-
-
-# torch.cuda.get_device_name() of the GPUs a run can be planned for without one (`run --dry-run
-# --target-device NAME`), with their compute capability.
-KNOWN_GPUS = {"NVIDIA H200": 90, "NVIDIA H200 NVL": 90, "NVIDIA H100 80GB HBM3": 90, "NVIDIA H100 NVL": 90,
-              "NVIDIA H100 PCIe": 90, "NVIDIA B200": 100,
-              "NVIDIA RTX PRO 6000 Blackwell Server Edition": 120,
-              "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": 120,
-              "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": 120}
+from . import gpus
+from .gpus import SMEM_OPTIN, arch_section  # noqa: F401  (arch_section: DeviceInfo.arch)
 
 
 class NoDeviceError(RuntimeError):
     pass
-
-
-def arch_section(sm: int) -> str:
-    """Search-space section for a compute capability: SM103 runs SM100 code, SM121 SM120's."""
-    if sm >= 120:
-        return "sm120"
-    if sm >= 100:
-        return "sm100"
-    return "sm90" if sm >= 90 else f"sm{sm}"
 
 
 @dataclass(frozen=True)
@@ -124,18 +102,20 @@ def cpu_interpreter() -> DeviceInfo:
 def planned(sm: int) -> DeviceInfo:
     if sm not in SMEM_OPTIN:
         raise NoDeviceError(f"unknown compute capability {sm}; known: {sorted(SMEM_OPTIN)}")
-    return DeviceInfo(name=SM_NAMES.get(sm, f"sm{sm}"), sm=sm, smem_optin=SMEM_OPTIN[sm], kind="planned")
+    gpu = gpus.BY_SM.get(sm)
+    return DeviceInfo(name=gpu.name if gpu else f"sm{sm}", sm=sm, smem_optin=SMEM_OPTIN[sm], kind="planned")
 
 
 def planned_gpu(name: str) -> DeviceInfo:
-    """A GPU model a run is planned for here (nothing is measured): its name, SM and shared memory,
-    the software of this machine."""
-    sm = KNOWN_GPUS.get(name.strip())
-    if sm is None:
+    """A GPU model of the catalog a run is planned for here (nothing is measured): its name, SM, shared
+    memory and SM count, the software of this machine."""
+    gpu = gpus.find(name)
+    if gpu is None:
         raise NoDeviceError(f"--target-device {name!r} is not a GPU autotune can plan for; known: "
-                            f"{', '.join(repr(n) for n in KNOWN_GPUS)} (or plan by architecture with "
+                            f"{', '.join(repr(g.name) for g in gpus.CATALOG)} (or plan by architecture with "
                             "`autotune shapes --target-sm N`)")
-    return DeviceInfo(name=name.strip(), sm=sm, smem_optin=SMEM_OPTIN[sm], versions=software_versions(), kind="planned")
+    return DeviceInfo(name=gpu.name, sm=gpu.sm, smem_optin=gpu.smem_optin, num_sms=gpu.num_sms,
+                      versions=software_versions(), kind="planned")
 
 
 def utc_now() -> str:

@@ -8,3 +8,13 @@ class UsageError(Exception):
 class NothingDone(Exception):
     """The run went through and nothing useful came of it (no backend ran correctly anywhere): one line
     on stderr, exit code 1, and no file written for it (exit 0 means something useful was written)."""
+
+
+class Incomplete(Exception):
+    """The run went through and wrote what it could, but a step failed or a batch size has no key (each
+    said in a line above): one line on stderr, exit code 4. Nothing measured is lost: the storage holds
+    it, and the same command writes the rest without measuring it again."""
+
+
+class GpuMemoryExhausted(Incomplete):
+    """A measurement failed for want of GPU memory even with one worker on its GPU (autotune.worker)."""

@@ -174,11 +174,27 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
+    import contextlib
+
+    from .device import DeviceInfo
+    from .errors import Incomplete
+    from .folder_change import folder_change, real
+
     try:
         server_args.check_merge(sources, out)      # every source, before anything is written
-        for src in sources:
-            path = server_args.merge_folder(src, out)
+        with contextlib.ExitStack() as stack:      # each device's folder changes as one
+            changes = {}
+            for src in sources:
+                folder = out / DeviceInfo.from_dict(server_args.read_source(src)["device"]).file_name
+                if folder not in changes:
+                    changes[folder] = stack.enter_context(folder_change(folder))
+                    changes[folder].begin()
+            for src in sources:
+                path = real(server_args.merge_folder(src, out))
     except server_args.ChoicesError as e:
         raise UsageError(str(e)) from None
+    unchanged = [c.outcome for c in changes.values() if c.outcome]
+    if unchanged:
+        raise Incomplete("; ".join(unchanged))
     lines.append(f"merged the backend choices of {', '.join(sources)} -> {path}")
     return lines

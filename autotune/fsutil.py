@@ -166,7 +166,9 @@ def atomic_file(path: str | Path):
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # the temporary name says whose it is, but never runs past the longest name a file may have
+        prefix = f".{path.name}." if len(os.fsencode(path.name)) <= 200 else ".autotune-write."
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -259,6 +261,36 @@ def read_json(path: str | Path, default=None):
         raise FileFormatError(f"{path}: not valid JSON ({e}); fix or remove it") from None
 
 
+# A file system's most bytes in a path (Linux's PATH_MAX), and the least free space an output is
+# written to (a run's summary and recording are kilobytes to megabytes: less than this is a full disk).
+PATH_MAX = 4096
+MIN_FREE = 1 << 20
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    return probe
+
+
+def name_problem(path: str | Path) -> str | None:
+    """Why the file system cannot hold a file or folder named `path` (None: it can): a part longer
+    than a name there may be, or the whole longer than a path."""
+    path = Path(os.path.abspath(path))
+    try:
+        most = os.pathconf(_nearest_existing(path), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    long = next((part for part in path.parts if len(os.fsencode(part)) > most), None)
+    if long is not None:
+        return (f"names a file or folder {long[:40]!r}... of {len(os.fsencode(long))} bytes, above the {most} a name "
+                "may have here")
+    if len(os.fsencode(str(path))) >= PATH_MAX:
+        return f"is {len(os.fsencode(str(path)))} bytes long, above the {PATH_MAX - 1} a path may have"
+    return None
+
+
 def check_writable(folder: str | Path) -> None:
     """Raise OSError with a clear message when `folder` cannot be created or written."""
     folder = Path(folder)
@@ -266,14 +298,21 @@ def check_writable(folder: str | Path) -> None:
         raise OSError("an output folder must be named (got an empty path)")
     # Tried in the nearest folder that exists: nothing is created before something is written
     # (a run that stops at a bad input must not leave an empty tuned_configs/ behind).
-    probe = folder
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
+    why = name_problem(folder)
+    if why:
+        raise OSError(f"output folder {folder} {why}")
+    probe = _nearest_existing(folder)
     try:
         if not probe.is_dir():
             raise NotADirectoryError(20, "a file is in the way" if probe == folder else f"{probe} is a file")
         fd, tmp = tempfile.mkstemp(prefix=".autotune-write-test.", dir=probe)
         os.close(fd)
         os.unlink(tmp)
+        disk = os.statvfs(probe)
     except OSError as e:
         raise OSError(f"output folder {folder} is not writable: {e.strerror or e}") from None
+    free = disk.f_bavail * disk.f_frsize
+    full = disk.f_files > 0 and disk.f_favail == 0       # no file may be made (where files are counted)
+    if free < MIN_FREE or full:
+        raise OSError(f"output folder {folder} is on a full disk ({free // 1024} KiB free"
+                      f"{', no file may be added' if full else ''}): free some space first")

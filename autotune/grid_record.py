@@ -27,7 +27,7 @@ def record_grid(req) -> None:
         old = read_cache(req.cache) if Path(req.cache).exists() else None
     except CacheError as e:
         raise UsageError(f"--cache {e}; refusing to overwrite it (name a new file)") from None
-    device, pool, _, _, plans = open_device(req)
+    device, pool, _, _, plans, _ = open_device(req)
     family = get_family("triton_moe", space_path=req.search_space)
     cache = old or Cache(device.to_dict())
     cache.device = device.to_dict()

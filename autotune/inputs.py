@@ -28,25 +28,87 @@ class BadInput(Exception):
 
 
 def one_line(error) -> str:
-    """An error's text as the one line the CLI prints (a library's message may span several)."""
-    return " ".join(str(error).split())
+    """An error's text as the one line the CLI prints (a library's message may span several, and may
+    quote a name from a file with control characters in it: those are shown escaped, never sent raw)."""
+    text = " ".join(str(error).split())
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _noting(base, once: bool):
+    """`base` (an argparse action class) that notes on the parser which flags were given: a flag of
+    one value (`once`) given twice is refused (argparse kept the last value in silence: `--replay a
+    --replay b` dropped a), as is a second flag setting the same thing (worker's --gpu and --gpus)."""
+    class Noted(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            given = parser.__dict__.setdefault("given", {})         # dest -> (action, flag) that set it first
+            first = given.get(self.dest)
+            if once and first is not None:
+                raise argparse.ArgumentError(self, "is given twice: give it once (the second replaced the first)"
+                                             if first[0] is self else
+                                             f"is given with {first[1]}, which sets the same: give one")
+            given.setdefault(self.dest, (self, option_string))
+            super().__call__(parser, namespace, values, option_string)
+    Noted.__name__ = base.__name__
+    return Noted
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors one line each (`autotune: error: --flag ...`) raised, not printed
-    with the usage and a SystemExit: main says it and returns 2 (in-process callers see the code)."""
+    with the usage and a SystemExit: main says it and returns 2 (in-process callers see the code).
+
+    Beyond argparse: a single-valued flag given twice is refused, a flag of free text given an empty
+    value is refused (`--dtype ''` read as no --dtype: every dtype), and the relations a command
+    declares between its flags (`needs`, `excludes`, beside argparse's mutually exclusive groups) are
+    checked once every flag is read."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, base, once in ((None, argparse._StoreAction, True), ("store", argparse._StoreAction, True),
+                                 ("store_true", argparse._StoreTrueAction, False),
+                                 ("store_false", argparse._StoreFalseAction, False),
+                                 ("append", argparse._AppendAction, False)):
+            self.register("action", name, _noting(base, once))
+        self.relations: list[tuple[str, str, str, str]] = []     # (kind, flag, other flag, why)
+
+    def needs(self, flag: str, other: str, why: str) -> None:
+        """`flag` means something only with `other`."""
+        self.relations.append(("needs", flag, other, why))
+
+    def excludes(self, flag: str, others, why: str) -> None:
+        """`flag` contradicts each of `others`."""
+        self.relations.extend(("excludes", flag, other, why) for other in others)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = {}
+        parsed, rest = super().parse_known_args(args, namespace)
+        named = {flag: action.dest for action in self._actions for flag in action.option_strings}
+        for kind, flag, other, why in self.relations:
+            has, has_other = named[flag] in self.given, named[other] in self.given
+            if kind == "needs" and has and not has_other:
+                self.error(f"{flag} needs {other} ({why})")
+            if kind == "excludes" and has and has_other:
+                self.error(f"{flag} and {other} exclude each other ({why}): give one")
+        return parsed, rest
 
     def _get_values(self, action, arg_strings):
         # argparse drops a lone '--' (`--out=--`) and hands the flag an empty list instead of a value
         if action.nargs is None and arg_strings == ["--"]:
             raise argparse.ArgumentError(action, "must name a value, got '--'")
+        # free text read as "not given" when empty; a flag whose own default is empty may be given so
+        if isinstance(action, argparse._StoreAction) and action.nargs is None and action.type is None \
+                and action.option_strings and action.default != "" and len(arg_strings) == 1 \
+                and not arg_strings[0].strip():
+            raise argparse.ArgumentError(action, f"must name a value, got {arg_strings[0]!r}")
         return super()._get_values(action, arg_strings)
 
     def error(self, message: str):
         m = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
         if m:
             flag, what = m.group(1).split("/")[-1], m.group(2)
-            message = f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is not ")) else f"{flag}: {what}"
+            other = re.fullmatch(r"not allowed with argument (\S+)", what)      # a mutually exclusive group's
+            message = (f"{other.group(1).split('/')[-1]} and {flag} exclude each other: give one" if other else
+                       f"{flag} {what}" if what.startswith(("must ", "has ", "lists ", "is ", "names ", "holds "))
+                       else f"{flag}: {what}")
         raise BadInput(f"{message} ({self.prog} --help lists the flags)"
                        if "unrecognized arguments" in message or "required" in message else message)
 
@@ -129,6 +191,25 @@ def int_list(limit: tuple[int, str] | None = None):
     return _typed(parse, "list")
 
 
+def dtypes(text: str) -> str:
+    """A comma-separated list of autotune's dtypes (models.DTYPES), each once."""
+    from .models import DTYPES
+
+    names = [n.strip() for n in str(text).split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"has an empty entry in {text!r}: write it as bf16,fp8_w8a8")
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dtype {unknown[0]!r:.40}; known: {', '.join(DTYPES)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"lists {', '.join(twice)} twice")
+    return ",".join(names)
+
+
+dtypes = _typed(dtypes, "dtypes")
+
+
 def shard(text: str) -> tuple[int, int]:
     """i/n: every n-th config starting at i, 0 <= i < n."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
@@ -147,17 +228,20 @@ def gpus(text: str) -> str:
     """'all' or a list of GPU indices."""
     if str(text).strip() == "all":
         return "all"
-    if not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", str(text)):
+    if not re.fullmatch(r"\s*[0-9]+(\s*,\s*[0-9]+)*\s*", str(text)):
         raise argparse.ArgumentTypeError(f"must be 'all' or GPU indices like 0,1, got {text!r}")
-    return ",".join(g.strip() for g in str(text).split(","))
+    indices = [int(g) for g in str(text).split(",")]
+    if len(set(indices)) != len(indices):     # two measuring pools on one GPU time each other's kernels
+        raise argparse.ArgumentTypeError(f"lists a GPU twice in {text!r}: name each once")
+    return ",".join(map(str, indices))
 
 
 gpus = _typed(gpus, "gpus")
 
 
 def sm(text: str) -> int:
-    """A compute capability autotune knows (device.SMEM_OPTIN)."""
-    from .device import SMEM_OPTIN
+    """A compute capability autotune knows (gpus.SMEM_OPTIN)."""
+    from .gpus import SMEM_OPTIN
     v = count(1)(text)
     if v not in SMEM_OPTIN:
         raise argparse.ArgumentTypeError(f"must be a known compute capability ({', '.join(map(str, sorted(SMEM_OPTIN)))}), "
@@ -169,13 +253,42 @@ sm = _typed(sm, "sm")
 
 
 def path(text: str) -> str:
-    """A named file or folder (an empty string is not one)."""
+    """A named file or folder (an empty string is not one) whose name the file system can hold:
+    a part longer than its names may be was an OSError traceback where the path was first looked at,
+    or a refusal only when the file was written, after measuring."""
+    from .fsutil import name_problem
+
     if not str(text).strip():
         raise argparse.ArgumentTypeError("must name a path, got ''")
+    if not str(text).isprintable():     # a pasted newline, an escape: printed raw, it split or drove the terminal
+        raise argparse.ArgumentTypeError(f"holds a control character: {text!r:.80}")
+    why = name_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
     return text
 
 
 path = _typed(path, "path")
+
+
+def storage_url(text: str) -> str:
+    """An Optuna storage URL SQLAlchemy reads, naming what SQLite would open (autotune.storage_url)."""
+    from .fsutil import name_problem
+    from .storage_url import StorageUrlError, parse, safe_url
+
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("must name a path, got ''")
+    try:
+        target = parse(text)
+    except StorageUrlError as e:
+        raise argparse.ArgumentTypeError(f"{safe_url(text)} {e}") from None
+    why = target.file is not None and name_problem(target.file)
+    if why:
+        raise argparse.ArgumentTypeError(f"{safe_url(text)}: the SQLite file {why}")
+    return text
+
+
+storage_url = _typed(storage_url, "storage")
 
 
 def shell_words(text: str) -> tuple[str, ...]:
@@ -198,6 +311,20 @@ def executable(text: str) -> str:
 
 
 executable = _typed(executable, "executable")
+
+
+class DistinctPaths(argparse.Action):
+    """A list of files or folders, each named once (the same one twice, however spelled, was read twice
+    in silence)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen: dict = {}
+        for v in values:
+            where = os.path.realpath(v)
+            if where in seen:
+                raise argparse.ArgumentError(self, f"names {seen[where]!r} twice ({v!r} is the same): name each once")
+            seen[where] = v
+        setattr(namespace, self.dest, values)
 
 
 def add_force(p: argparse.ArgumentParser) -> None:

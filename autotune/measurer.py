@@ -16,6 +16,12 @@ from .measure import DUEL_ROUNDS, duel
 from .records import Measurement, failure
 from .tasks import Settings, Task
 
+# Share of a worker's memory limit its kept inputs may fill (the rest: the family's weights are counted in
+# it too, and what a reference or a timing allocates for a moment).
+KEEP = 0.7
+# Share of the limit a task may count on before inputs are built (the allocator's rounding and
+# fragmentation take the rest).
+ROOM = 0.9
 # Messages of a CUDA error after which the process's context cannot be trusted.
 _FATAL_CUDA = ("illegal memory access", "misaligned address", "unspecified launch failure",
                "illegal instruction", "device-side assert", "an illegal", "CUDA error: unknown error")
@@ -27,6 +33,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     text = f"{name}: {exc}"
     if isinstance(exc, ImportError):
         return records.UNAVAILABLE, False
+    if name == "OutOfMemoryError":    # torch's allocator refused before anything ran: the context is intact
+        return records.RESOURCE, False
     if name == "Refused":          # autotune.kernels.sglang_layer: SGLang's own check said no
         return records.REFUSED, False
     if name == "OutOfResources" or "out of resource" in text.lower():
@@ -34,6 +42,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     if ("CompilationError" in name or "CompileTimeAssertionFailure" in name
             or type(exc).__module__.startswith("triton.compiler") or "PassManager::run failed" in text):
         return records.COMPILE_ERROR, False
+    if records.is_resource_reason(text):   # CUDA's own out-of-memory or a busy device: start afresh
+        return records.RESOURCE, True
     if any(s.lower() in text.lower() for s in _FATAL_CUDA):
         return records.RUNTIME_ERROR, True
     return records.RUNTIME_ERROR, False
@@ -71,14 +81,73 @@ class Measurer:
 
         self.settings, self.lock_fd = settings, lock_fd
         self.torch, self.check_output, self.time_cpu, self.time_gpu = torch, check_output, time_cpu, time_gpu
-        self.inputs: dict = {}
+        self.inputs: dict = {}       # (family, problem, GEMM, M) -> inputs, least recently used first
         self.families: dict = {}
+        self.limit: int | None = None     # bytes torch's allocator may hold in this process (None: no limit)
 
     def family(self, name: str):
         if name not in self.families:
             from .kernels import get_family
-            self.families[name] = get_family(name, **self.settings.options.get(name, {}))
+            fam = get_family(name, **self.settings.options.get(name, {}))
+            if self.families:   # one family at a time: each keeps its problem's weights for every M
+                self.families.clear()
+                self.inputs = {k: v for k, v in self.inputs.items() if k[0] == fam.name}
+                self._release()
+            self.families[name] = fam
         return self.families[name]
+
+    # -- GPU memory: this worker's share of the run's plan (autotune.gpu_memory) -----------------
+    def limit_memory(self, limit: int | None) -> None:
+        """Hold torch's allocator in this process to `limit` bytes: past it an allocation here fails as
+        out-of-memory (a resource failure the pool retries), never another process's."""
+        if limit is None or self.settings.on_cpu:
+            return
+        from .gpu_memory import limit_process
+
+        self.limit = int(limit)
+        limit_process(self.limit / self.torch.cuda.get_device_properties(0).total_memory)
+
+    def trim(self) -> int:
+        """After a task: the least recently used batch sizes' inputs dropped while the allocator holds
+        more than KEEP of the limit (the family's weights stay); returns the peak bytes held so far."""
+        if self.settings.on_cpu:
+            return 0
+        cuda = self.torch.cuda
+        dropped = False
+        while self.limit is not None and len(self.inputs) > 1 and cuda.memory_allocated() > KEEP * self.limit:
+            del self.inputs[next(iter(self.inputs))]
+            dropped = True
+        if dropped:
+            self._release()
+        return int(cuda.max_memory_reserved())
+
+    def make_room(self, family, problem, gemm: str, M: int) -> int:
+        """Before a batch size's inputs are built: the least recently used ones dropped until what this
+        task needs (the family's `task_bytes`: its inputs, outputs, reference and their transients) fits
+        under the worker's limit beside what stays. Without it the kept inputs of earlier batch sizes
+        push a large batch over the limit, an out-of-memory of the worker's own making. Returns how many
+        were dropped."""
+        need = getattr(family, "task_bytes", None)
+        if self.limit is None or need is None or self.settings.on_cpu:
+            return 0
+        need = need(problem, gemm, M, self.settings.routings)
+        dropped = 0
+        while self.inputs and self._allocated() + need > ROOM * self.limit:
+            del self.inputs[next(iter(self.inputs))]
+            dropped += 1
+        if dropped:
+            self._release()
+        return dropped
+
+    def _allocated(self) -> int:
+        return int(self.torch.cuda.memory_allocated())
+
+    def _release(self) -> None:
+        if not self.settings.on_cpu:
+            import gc
+
+            gc.collect()
+            self.torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def gpu(self):
@@ -99,8 +168,10 @@ class Measurer:
             for k in [k for k in self.inputs if k[:2] != key[:2]]:
                 del self.inputs[k]
             s = self.settings
+            self.make_room(family, problem, gemm, M)
             self.inputs[key] = family.make_inputs(problem, gemm, M, seed=s.seed, skew=s.skew,
                                                   routings=s.routings, on_cpu=s.on_cpu)
+        self.inputs[key] = self.inputs.pop(key)      # most recently used last (trim drops from the front)
         return self.inputs[key]
 
     def _time(self, family, launch, repeats: int, prime: bool):

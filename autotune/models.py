@@ -167,17 +167,23 @@ def read_hf_config(path: str | Path) -> dict:
 
 def model_from_hf_config(path: str | Path) -> MoeModel:
     """Any HF config.json of a MoE model (text_config when present), validated (autotune.hf_config)."""
-    from .hf_config import ConfigError, parse
-
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     raw = read_hf_config(p)
+    return model_from_hf(raw, p, default_name=p.parent.name)
+
+
+def model_from_hf(raw: dict, where, default_name: str = "model") -> MoeModel:
+    """The MoeModel of an HF config already read (`where` names it in errors): the one reading of a
+    config's shapes, for `shapes`, `run`, `rank-model` and `validate` alike."""
+    from .hf_config import ConfigError, parse
+
     try:
-        c = parse(raw, p)
+        c = parse(raw, where)
     except ConfigError as e:
         raise ModelError(str(e)) from None
-    name = str(raw.get("_name_or_path") or p.parent.name or "model").split("/")[-1].lower()
+    name = str(raw.get("_name_or_path") or default_name or "model").split("/")[-1].lower()
     heads = c.num_attention_heads or 0
     linear = (LinearAttention(c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                               c.linear_value_head_dim, c.linear_conv_kernel_dim or 4)
@@ -196,14 +202,19 @@ def model_from_hf_config(path: str | Path) -> MoeModel:
 
 def select_models(shapes: str | None = None, model: str | None = None,
                   model_config: str | None = None) -> list[MoeModel]:
-    if model_config:
+    """The models one of a family preset, a preset or an HF config names (none: the qwen3.5 family)."""
+    named = [flag for flag, v in (("--shapes", shapes), ("--model", model), ("--model-config", model_config))
+             if v is not None]
+    if len(named) > 1:           # one was ignored in silence: the config over the preset over the family
+        raise ModelError(f"{' and '.join(named)} each name the models to tune: give one")
+    if model_config is not None:
         return [model_from_hf_config(model_config)]
-    if model:
+    if model is not None:
         m = PRESETS.get(model.lower())
         if m is None:
             raise ModelError(f"unknown model preset {model!r}; known: {', '.join(PRESETS)}")
         return [m]
-    fam = (shapes or "qwen3.5").lower()
+    fam = ("qwen3.5" if shapes is None else shapes).lower()
     models = [m for m in PRESETS.values() if m.family == fam]
     if not models:
         raise ModelError(f"unknown shape family {fam!r}; known: {', '.join(FAMILIES)}")
@@ -228,18 +239,9 @@ def expand(models: list[MoeModel], tps=(1, 2, 4, 8), eps=(1,), dtypes=("bf16",),
     for m in models:
         for tp in tps:
             for ep in eps:
-                if tp <= 0 or ep <= 0 or tp % ep:
-                    raise ModelError(f"--ep {ep} must divide --tp {tp}")
-                if m.num_experts % ep:
-                    raise ModelError(f"--ep {ep} does not divide {m.name}'s {m.num_experts} experts")
-                moe_tp = tp // ep
-                if m.moe_intermediate_size % moe_tp:
-                    raise ModelError(f"--tp {tp} (moe tp {moe_tp}) does not divide {m.name}'s "
-                                     f"moe_intermediate_size {m.moe_intermediate_size}")
                 kinds = ("main", "mtp") if m.mtp_layers else ("main",)
                 for dtype in dtypes:
-                    p = Problem(E=m.num_experts // ep, N=m.moe_intermediate_size // moe_tp, K=m.hidden_size,
-                                top_k=m.top_k, dtype=dtype, batch_sizes=tuple(batch_sizes), ep=ep)
+                    p = rank_problem(m, tp, ep, dtype, batch_sizes)
                     srcs = tuple((m.name, tp, ep, k) for k in kinds)
                     owner = by_key.get(p.file_key)
                     if owner is None:
@@ -249,6 +251,23 @@ def expand(models: list[MoeModel], tps=(1, 2, 4, 8), eps=(1,), dtypes=("bf16",),
                     else:
                         shared.setdefault(p.file_key, []).append(replace(p, sources=srcs))
     return Expansion(list(by_key.values()), shared)
+
+
+def rank_problem(m: MoeModel, tp: int, ep: int = 1, dtype: str = "bf16",
+                 batch_sizes=DEFAULT_BATCH_SIZES) -> Problem:
+    """The fused MoE one rank of `m` runs at --tp tp --ep ep: SGLang's moe_tp = tp / ep, E = experts / ep,
+    N = moe_intermediate_size / moe_tp (w2.shape[2]), K = hidden size. The one derivation of a rank's
+    problem: `shapes` and `run` (through `expand`), `rank-model` and `validate` all take it from here."""
+    if tp <= 0 or ep <= 0 or tp % ep:
+        raise ModelError(f"--ep {ep} must divide --tp {tp}")
+    if m.num_experts % ep:
+        raise ModelError(f"--ep {ep} does not divide {m.name}'s {m.num_experts} experts")
+    moe_tp = tp // ep
+    if m.moe_intermediate_size % moe_tp:
+        raise ModelError(f"--tp {tp} (moe tp {moe_tp}) does not divide {m.name}'s "
+                         f"moe_intermediate_size {m.moe_intermediate_size}")
+    return Problem(E=m.num_experts // ep, N=m.moe_intermediate_size // moe_tp, K=m.hidden_size, top_k=m.top_k,
+                   dtype=dtype, batch_sizes=tuple(batch_sizes), ep=ep)
 
 
 # The most tokens one fused-MoE call sees: a forward pass's tokens, bounded by SGLang's chunked

@@ -25,7 +25,7 @@ from .export import server_args
 from .export.provenance import PROVENANCE, tuned_names
 from .fsutil import Files, NotOurs, claim_files, inside, json_bytes, read_json, write_all
 from .reading import read_bytes
-from .serving_repo import PublishError, git, is_url, new_branch
+from .serving_repo import PublishError, git, is_url, new_branch, prove_committed, refuse_ignored
 
 VALIDATION = "validation.json"
 
@@ -44,6 +44,8 @@ def validation_verdict(src: Path) -> str:
     data = read_json(src / VALIDATION)
     if data is None:
         raise PublishError(f"{src / VALIDATION} is missing: run `autotune validate --gate` first")
+    if not isinstance(data, dict):
+        raise PublishError(f"{src / VALIDATION} holds a {type(data).__name__}, not a validation record")
     gate = data.get("gate") or {}
     lines = gate.get("lines") or []
     if gate.get("passed") is not True:
@@ -203,6 +205,15 @@ def _files(src: Path, dest: Path, writes: dict) -> Files:
     return files
 
 
+def _validated(src: Path) -> None:
+    """The folder is, byte for byte, the one its validation judged, measured and validated on a GPU."""
+    from .validate.judged import publish_problem
+
+    why = publish_problem(src, read_json(src / VALIDATION))
+    if why:
+        raise PublishError(f"{why}; not publishing")
+
+
 def _message(src: Path, merged: dict, verdict: str, kept: dict) -> str:
     versions = (merged.get("device") or {}).get("versions", {})
     device = (merged.get("device") or {}).get("name", src.name)
@@ -244,14 +255,17 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
         if repo.resolve() not in dest.resolve().parents:
             raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
         writes, merged, kept = _plan(src, dest)
-        files = _files(src, dest, writes)       # every refusal before this line: the repo is untouched
+        files = _files(src, dest, writes)
+        _validated(src)
+        refuse_ignored(repo, files)             # every refusal up to here: the repo is untouched
         msg = _message(src, merged, verdict, kept)
         with new_branch(repo, branch, files):
             write_all(files)
             git(repo, "add", "-A", str(dest.relative_to(repo)))
             git(repo, "-c", "user.name=autotune", "-c", "user.email=autotune@localhost", "commit", "-q", "-m", msg)
+            prove_committed(repo, files)        # a refusal here puts the repo back (new_branch)
         outcome = Outcome(branch, git(repo, "rev-parse", "HEAD"),
-                          [str((dest / rel).relative_to(repo)) for rel in writes], kept, msg)
+                          sorted(p.relative_to(repo).as_posix() for p in files), kept, msg)
         if clone is not None:
             git(repo, "push", "-q", "origin", branch)
         return outcome

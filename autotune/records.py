@@ -12,6 +12,7 @@ import copy
 import gzip
 import io
 import json
+import re
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,8 +37,29 @@ UNAVAILABLE = "unavailable"
 # check, before any kernel ran ("Current platform does not support NVFP4 ..."): a failure of the
 # backend here, shown as SGLang's answer.
 REFUSED = "refused"
+# The GPU's memory or the GPU itself was not there for the measurement (CUDA out of memory, a device busy
+# or unavailable, a context lost to either): the machine's state, never the config's verdict. The pool
+# retries such a measurement with fewer workers (autotune.worker) and never hands it to a study; a
+# storage or a recording of an earlier release that holds one as a runtime error or a crash is read
+# as not measured (`is_resource_failure`), so it is measured again.
+RESOURCE = "resource"
 STATUSES = (OK, INVALID, COMPILE_ERROR, OUT_OF_RESOURCES, WRONG_RESULT, RUNTIME_ERROR, CRASH, TIMEOUT, NOT_RECORDED,
-            UNAVAILABLE, REFUSED)
+            UNAVAILABLE, REFUSED, RESOURCE)
+# What CUDA, torch, cuBLAS and cuDNN say when memory or the device is not there (Triton's "out of
+# resource: shared memory" is a config's own limit, OUT_OF_RESOURCES, and is not matched).
+_RESOURCE_TEXT = re.compile(r"out of memory|OutOfMemoryError|busy or unavailable|ALLOC_FAILED|"
+                            r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorDevicesUnavailable",
+                            re.IGNORECASE)
+
+
+def is_resource_reason(reason: str) -> bool:
+    return bool(_RESOURCE_TEXT.search(reason or ""))
+
+
+def is_resource_failure(m) -> bool:
+    """A failure of the machine, not of the config: this release's RESOURCE status, or an earlier
+    release's runtime error or crash whose reason says out of memory or a busy device."""
+    return m.status == RESOURCE or (m.status in (RUNTIME_ERROR, CRASH) and is_resource_reason(m.reason))
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1
@@ -227,12 +249,14 @@ def _parse_cache(path: Path) -> Cache:
             zipped = raw.read(2) == b"\x1f\x8b"
         with gzip.open(path, "rt") if zipped else open(path) as f:
             header = parse_json(f.readline())
-            if header.get("kind") != CACHE_KIND:
+            if not isinstance(header, dict) or header.get("kind") != CACHE_KIND:
                 raise CacheError(f"{path} is not an autotune measurement cache")
-            if header.get("version") != CACHE_VERSION:
-                raise CacheError(f"{path}: cache version {header.get('version')} not supported (want {CACHE_VERSION})")
+            if header.get("version") != CACHE_VERSION or type(header.get("version")) is not int:
+                raise CacheError(f"{path}: cache version {header.get('version')!r:.20} not supported (want {CACHE_VERSION})")
+            why = header_problem(header)
+            if why:
+                raise CacheError(f"{path}: unreadable measurement cache ({why})")
             cache = Cache(header["device"], problems=header.get("problems", {}), notes=header.get("notes", {}))
-            _check_header(cache)
             for line in f:
                 if line.strip():
                     row = parse_json(line)
@@ -242,37 +266,31 @@ def _parse_cache(path: Path) -> Cache:
         raise CacheError(f"measurement cache not found: {path}") from None
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError,
             AttributeError) as e:
+        if isinstance(e, CacheError):
+            raise
         # A recording cut short (a killed run, a partial copy) ends mid-stream: EOFError.
         raise CacheError(f"{path}: unreadable measurement cache ({type(e).__name__}: {e})") from None
     return cache
 
 
-def _check_header(cache: Cache) -> None:
-    """The header's device and problems, validated where they are read (they become a device and Problems)."""
-    from .models import ModelError, problem_from_dict
+def header_problem(header) -> str | None:
+    """Why `header` (a recording's first line, parsed) is not one a replay reads; None when it is."""
+    from .config_files import first_error
+    from .recording_header import CacheHeader
 
-    dev = cache.device
-    if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or type(dev.get("sm")) is not int \
-            or not isinstance(dev.get("versions", {}), dict) or type(dev.get("smem_optin", 0)) is not int:
-        raise TypeError(f"its device is not a recorded GPU: {dev!r:.120}")
-    # the name and the Triton version name the folders a replay writes (device_name=..., triton_3_6_0)
-    for what, v in [("name", dev["name"]), *((f"versions.{k}", x) for k, x in dev.get("versions", {}).items())]:
-        if isinstance(v, str) and (not v.strip() or v.strip() in (".", "..") or any(c in v for c in "/\\\0")):
-            raise TypeError(f"its device {what} {v!r:.60} is not a plain name (it names the files a run writes)")
-    if "compile_workers" in cache.notes and (type(cache.notes["compile_workers"]) is not int
-                                             or cache.notes["compile_workers"] < 1):
-        raise TypeError("its notes.compile_workers is not a positive integer")
-    if not isinstance(cache.problems, dict) or not isinstance(cache.notes, dict):
-        raise TypeError("its problems and notes must be JSON objects")
-    for key, p in cache.problems.items():
-        try:
-            problem_from_dict(p)
-        except ModelError as e:
-            raise TypeError(f"problem {key}: {e}") from None
+    why = first_error(CacheHeader, header)
+    return why and f"its header's {why}"
 
 
 def merge_caches(paths: list[str | Path]) -> Cache:
-    """Several partial recordings of one device into one cache (device and versions must agree)."""
+    """Several partial recordings of one device into one cache (device and versions must agree), each
+    named once."""
+    seen: dict = {}
+    for p in paths:
+        where = Path(p).resolve()
+        if where in seen:
+            raise CacheError(f"{p} is named twice (also as {seen[where]}): name each recording once")
+        seen[where] = p
     caches = [read_cache(p) for p in paths]
     base = caches[0]
     for other, p in zip(caches[1:], paths[1:]):

@@ -53,6 +53,8 @@ class ReplayPool:
         out = []
         for M in task.Ms:
             m = self.cache.get(task.problem_key, task.gemm, M, task.config, careful=bool(task.repeats))
+            if m is not None and records.is_resource_failure(m):
+                m = None        # the recording's GPU was short of memory there: no verdict on the config
             if m is None:
                 m = failure(task.problem_key, task.gemm, M, task.config, records.NOT_RECORDED,
                             "no measurement of this config at this M in the replay cache")

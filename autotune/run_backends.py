@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import families
 from .errors import UsageError
+from .folder_change import real, tuned_folder
 from .run_common import no_bar, record_measurements
 
 
@@ -86,8 +87,9 @@ def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dic
         path = server_args.write(req.out, device, results, req.checkpoint, details)
     except server_args.ChoicesError as e:
         raise UsageError(f"server_args.yaml not written: {e}") from None
+    path = real(path)
     print(f"\nwrote {path}")
-    summary["server_args"] = str(path)
+    summary["server_args"] = path
 
 
 def write_tactic_files(out, device, family, tuners, per_problem, summary: dict) -> None:
@@ -99,7 +101,7 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary: dict) 
 
     if getattr(family, "runner", None) is None:
         return
-    folder = Path(out) / device.file_name
+    folder = tuned_folder(out, device)
     invalid = files.blocklist_of(family, tuners)
     if invalid:
         path = folder / files.BLOCKLIST_FILE
@@ -107,9 +109,10 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary: dict) 
             files.write_blocklist(path, invalid, files.blocklist_metadata(device.name))
         except ValueError as e:
             raise UsageError(str(e)) from None
+        path = real(path)
         print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
               f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
-        summary.setdefault("flashinfer_blocklist", str(path))
+        summary.setdefault("flashinfer_blocklist", path)
     searched = any(m.config.get("tactic", -1) != -1 for t in tuners for M in t.Ms for m in t.measured[M].values())
     if searched and not invalid:
         print("no tactic was disqualified: every tactic FlashInfer's runners listed ran correctly; no blocklist written")
@@ -130,6 +133,7 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary: dict) 
     except ValueError as e:
         print(f"  {len(entries)} winning tactics not written to {path.name}: {e}")
         return
+    path, folder = real(path), real(folder)
     print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
           "puts it where SGLang reads it, one identical file per rank)")
-    summary.setdefault("flashinfer_cache", str(path))
+    summary.setdefault("flashinfer_cache", path)

@@ -14,7 +14,7 @@ def selection(req):
 
     return (models.select_models(req.shapes, req.model, req.model_config),
             models.parse_int_list(req.tp, "--tp"), models.parse_int_list(req.ep, "--ep"),
-            tuple(d.strip() for d in req.dtype.split(",")) if req.dtype else None,
+            tuple(d.strip() for d in req.dtype.split(",")) if req.dtype is not None else None,
             models.parse_int_list(req.batch_sizes, "--batch-sizes", models.MAX_BATCH) if req.batch_sizes
             else models.DEFAULT_BATCH_SIZES)
 
@@ -67,6 +67,35 @@ def load_warm_start(path):
         raise UsageError(str(e)) from None
     print(f"warm start: {warm.describe()}")
     return warm
+
+
+def after_search(summary: dict, what: str, fn, *args, let_through=(), folder_step=False, **kwargs):
+    """A step after the search (the layer check, writing files, --record, the summary): where it fails
+    the run says so in one line, notes it in the summary's "incomplete" list (the run then exits 4) and
+    goes on; what was measured is in the storage, so the same command does the step again without
+    measuring. Returns fn's result, None where it failed; `let_through`: exceptions the caller handles;
+    `folder_step`: the step writes into the tuned folder, whose change is then thrown away whole
+    (autotune.folder_change: a folder changes as one)."""
+    import logging
+
+    try:
+        return fn(*args, **kwargs)
+    except let_through:
+        raise
+    except Exception as e:
+        from .inputs import one_line
+
+        logging.getLogger("autotune").debug("%s failed", what, exc_info=True)
+        from .folder_change import in_words
+
+        line = in_words(f"{what} failed: {type(e).__name__}: {one_line(e)}")
+        print(f"  {line}; nothing measured is lost (the storage holds it): the same command does it again "
+              "without measuring", flush=True)
+        summary.setdefault("incomplete", []).append(line)
+        if folder_step:
+            from .folder_change import fail_open
+            fail_open(line)
+        return None
 
 
 def new_summary() -> dict:

@@ -23,8 +23,11 @@ class RunLocked(RuntimeError):
 
 
 def _key(url: str, run: str) -> str:
-    if url.startswith("sqlite:///"):
-        url = "sqlite:///" + str(Path(url[len("sqlite:///"):]).resolve())
+    from .storage import target
+
+    file = target(url).file
+    if file is not None:            # one lock per database file, however the URL names it
+        url = "sqlite:///" + str(file.resolve())
     return hashlib.sha1(f"{url}\n{run}".encode()).hexdigest()
 
 

@@ -10,15 +10,13 @@ from pathlib import Path
 from .errors import UsageError
 from .run_common import selection
 
-# Measuring processes a GPU: past it they queue for the GPU's timing lock and only add CUDA
-# contexts (15 compile in parallel while one times).
-WORKERS_PER_GPU = 15
+from .gpu_memory import WORKERS_PER_GPU
 
 
 def open_device(req, kernels=("triton_moe",)):
-    """(device, pool, cache or None, plans): the replay cache or the local GPU(s), the plan of
-    every requested family on it, and the measuring pool (its first worker warms the JIT builds
-    those plans need)."""
+    """(device, pool, cache or None, expansion, plans, memory plan or None): the replay cache or the local
+    GPU(s), the plan of every requested family on it, the GPU memory plan, and the measuring pool sized
+    by it (its first worker warms the JIT builds those plans need)."""
     from . import device as devmod
     from .records import CacheError, merge_caches
     from .replay import ReplayPool
@@ -58,18 +56,86 @@ def open_device(req, kernels=("triton_moe",)):
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
     options = family_options(req, device)
     exp, plans = plan_families(req, device, cache, kernels, options)
+    if not req.replay and req.workers and req.workers > WORKERS_PER_GPU * len(gpus):
+        raise UsageError(f"--workers {req.workers}: at most {WORKERS_PER_GPU} a GPU "
+                         f"({WORKERS_PER_GPU * len(gpus)} for --gpus {req.gpus})")
+    memory = memory_plan(req, device, gpus, plans) if not req.replay else None
     if getattr(req, "dry_run", False):
         pool = None                                  # nothing is measured: no worker processes
     elif not req.replay:
-        if req.workers and req.workers > WORKERS_PER_GPU * len(gpus):
-            raise UsageError(f"--workers {req.workers}: at most {WORKERS_PER_GPU} a GPU "
-                             f"({WORKERS_PER_GPU * len(gpus)} for --gpus {req.gpus})")
-        workers = req.workers or max(1, min((os.cpu_count() or 2) - 1, WORKERS_PER_GPU * len(gpus)))
+        if memory is not None:
+            slots, limits = memory.slots(memory.phases[0]), memory.limits(memory.phases[0])
+        else:                                        # the CPU interpreter: host memory, not planned
+            slots, limits = gpus, {}
+            slots = slots[:1] * (req.workers or max(1, min((os.cpu_count() or 2) - 1, WORKERS_PER_GPU)))
         settings = Settings(on_cpu=device.kind == "cpu-interpreter", seed=req.seed, skew=req.skew,
-                            routings=req.routings, options=options, log_path=worker_log(req),
+                            routings=req.routings, options=options, log_path=worker_log(req), memory_limits=limits,
                             warmup=[(fp.name, [p.to_dict() for p in fp.problems]) for fp in plans if fp.problems])
-        pool = WorkerPool(settings, workers, gpus=gpus, timeout_s=req.timeout)
-    return device, pool, cache, exp, plans
+        pool = WorkerPool(settings, len(slots), gpus=slots, timeout_s=req.timeout, memory_plan=memory)
+    return device, pool, cache, exp, plans, memory
+
+
+def memory_plan(req, device, gpus: list[int], plans):
+    """The GPU memory plan (autotune.gpu_memory) of a GPU here or a catalog GPU planned for; None on the
+    CPU. A problem one worker (with the run's own layer check) cannot hold is left out, with why."""
+    from . import families, gpu_memory as gm
+    from .gpus import find
+
+    if device.kind not in ("gpu", "planned"):
+        return None
+    try:
+        cap = gm.memory_cap()
+    except gm.GpuMemoryError as e:
+        raise UsageError(str(e)) from None
+    if device.kind == "planned":
+        gpu = find(device.name)
+        mems = [gm.GpuMemory(0, gpu.memory_bytes, gpu.memory_bytes, cap)]
+    else:
+        mems = gm.read_gpus(gpus, cap)
+    phases = []
+    for step, fps in by_step(plans).items():
+        workers, mains = [], []
+        for fp in fps:
+            layer_check = step == families.CONFIGS and device.kind in ("gpu", "planned") \
+                and hasattr(fp.family, "main_footprint")
+            kept = []
+            for p in fp.problems:
+                own = footprint(fp.family, p, device, req.routings)
+                main = fp.family.main_footprint(p, device) if layer_check else None
+                why = gm.too_big(own, main, mems)
+                if why:
+                    fp.skipped.append((p, why))
+                    continue
+                kept.append(p)
+                workers.append(own)
+                mains.append(main)
+            fp.problems = kept
+        if workers:
+            phases.append(gm.Phase(phase_name(step), gm.largest(workers), gm.largest(mains)))
+    if not phases:
+        return None
+    try:
+        return gm.plan_pool(mems, phases, cores=os.cpu_count() if device.kind == "gpu" else None,
+                            requested=req.workers)
+    except gm.GpuMemoryError as e:
+        raise UsageError(str(e)) from None
+
+
+def phase_name(step) -> str:
+    """The memory plan's phase of a step (autotune.families): the pool's limits change between them."""
+    from . import families
+
+    return {families.CONFIGS: "Triton configs", families.BACKENDS: "backend choice"}[step]
+
+
+def footprint(family, problem, device, routings: int):
+    """A family's predicted footprint, or a stated guess where it predicts none (a family plugged in
+    without one)."""
+    from .gpu_memory import GiB, Footprint
+
+    fn = getattr(family, "footprint", None)
+    return fn(problem, device, routings) if fn is not None else Footprint(
+        f"{family.name} {problem.key} (not predicted by its family: 4 GiB assumed)", {"assumed": 4 * GiB})
 
 
 def worker_log(req) -> str | None:

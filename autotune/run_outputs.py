@@ -87,17 +87,21 @@ def check_outputs(req, device, plans, skus=()) -> None:
 def check_distinct_files(req, device) -> None:
     """The run's single-file outputs name different files, none inside the tuned folder (which the
     export owns) and none under a file: each was said only after measuring, when written."""
-    from .storage import DEFAULT_STORAGE, sqlite_file
-
+    from .fsutil import check_writable
     from .run_open import check_worker_log
+    from .storage import DEFAULT_STORAGE, StorageError, sqlite_file
 
     if getattr(req, "worker_log", None):
         check_worker_log(req.worker_log)       # a replay starts no worker, but the flag is still checked
     tuned = (Path(req.out) / device.file_name).resolve() if getattr(req, "out", None) else None
     named = {flag: getattr(req, attr, None) for flag, attr in
              (("--json", "json"), ("--record", "record"), ("--worker-log", "worker_log"))}
+    try:
+        named["--storage"] = sqlite_file(req.storage or DEFAULT_STORAGE)   # the file SQLite opens
+    except StorageError as e:
+        raise UsageError(str(e)) from None
     seen = {}
-    for flag, path in [*named.items(), ("--storage", sqlite_file(req.storage or DEFAULT_STORAGE))]:
+    for flag, path in named.items():
         if not path:
             continue
         where = Path(path).resolve()
@@ -110,6 +114,11 @@ def check_distinct_files(req, device) -> None:
         above = next((p for p in where.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise UsageError(f"{flag} {path}: {above} is a file, not a folder")
+        if flag != "--storage":         # (the storage's own checks say why SQLite cannot write there)
+            try:
+                check_writable(where.parent)
+            except OSError as e:
+                raise UsageError(f"{flag} {path}: {e}") from None
 
 
 def check_record_file(path) -> None:
@@ -141,7 +150,7 @@ def run_name(req, device) -> str:
 def open_storage_claimed(req, device, run_name: str, shared: bool = False, read_first=None):
     """`read_first(storage)`: a command that reads a run (export) checks what it needs there before the
     claim writes anything; the storage and the run must then exist already (nothing is created)."""
-    from .storage import StorageError, claim, open_storage, sqlite_file
+    from .storage import StorageError, claim, open_storage, target
 
     existing = read_first is not None
     try:
@@ -152,9 +161,8 @@ def open_storage_claimed(req, device, run_name: str, shared: bool = False, read_
         claim(storage, run_name, device, existing=existing)
     except StorageError as e:
         raise UsageError(str(e))
-    url = req.storage or ""
-    if url.startswith("sqlite") and sqlite_file(url) is None:
-        print(f"note: --storage {url} is held in memory: nothing measured is kept, a stopped run cannot resume")
+    if req.storage and target(req.storage).in_memory:
+        print(f"note: --storage {req.storage} is held in memory: nothing measured is kept, a stopped run cannot resume")
     return storage
 
 

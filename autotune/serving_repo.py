@@ -7,9 +7,10 @@ the same branch checked out, every file it wrote as it was, no file or folder it
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import subprocess
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .fsutil import write_bytes
 
@@ -25,6 +26,65 @@ def git(repo: Path, *args: str) -> str:
         command = next((a for a in args if not a.startswith("-") and "=" not in a), "")
         raise PublishError(f"git {command} failed in {repo}: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout.strip()
+
+
+def _git_z(repo: Path, *args: str, stdin: str | None = None, ok=(0,)) -> list[str]:
+    """A git command's NUL-separated output (paths as git holds them: no quoting)."""
+    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=stdin, text=True)
+    if r.returncode not in ok:
+        raise PublishError(f"git {args[0]} failed in {repo}: {r.stderr.strip() or r.stdout.strip()}")
+    return [x for x in r.stdout.split("\0") if x]
+
+
+def _shown(paths: list[str], most: int = 3) -> str:
+    return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def refuse_ignored(repo: Path, paths: Iterable[Path]) -> None:
+    """Before anything is written: none of the files to commit is one the serving repo's ignore rules
+    keep out (`git add` skips an ignored file without a word: the commit would hold less than planned)."""
+    rels = [p.relative_to(repo).as_posix() for p in paths]
+    # -v -z: source, line, pattern, path per ignored path; exit 1 where none is ignored
+    out = _git_z(repo, "check-ignore", "-v", "-z", "--stdin", stdin="\0".join(rels) + "\0", ok=(0, 1))
+    hits = [out[i:i + 4] for i in range(0, len(out) - 3, 4)]
+    if hits:
+        source, line, pattern, _ = hits[0]
+        raise PublishError(f"the serving repo ignores {len(hits)} of the {len(rels)} files to publish "
+                           f"({_shown([h[3] for h in hits])}; {source}:{line}: {pattern}): git would commit "
+                           "only the others; not publishing (let the repo track them, or name another --path)")
+
+
+def _blob_id(data: bytes, object_format: str) -> str:
+    """The id git gives a blob of these bytes (its object format: sha1 or sha256)."""
+    return hashlib.new(object_format, b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def prove_committed(repo: Path, files: Mapping[Path, tuple]) -> None:
+    """The commit at HEAD holds every planned file (`files`: path -> (bytes, ...)) with exactly its
+    planned bytes, and changes nothing else; PublishError naming what differs otherwise."""
+    try:
+        fmt = git(repo, "rev-parse", "--show-object-format")
+    except PublishError:
+        fmt = "sha1"                               # a git from before sha256 repositories
+    planned = {p.relative_to(repo).as_posix(): _blob_id(data, fmt) for p, (data, *_) in files.items()}
+    tree = {}
+    for entry in _git_z(repo, "ls-tree", "-r", "-z", "HEAD"):
+        meta, path = entry.split("\t", 1)
+        tree[path] = meta.split()[2]
+    changed = _git_z(repo, "diff-tree", "-r", "-z", "--root", "--no-commit-id", "--name-only", "HEAD")
+    missing = [p for p in planned if p not in tree]
+    other = [p for p in planned if p in tree and tree[p] != planned[p]]
+    extra = [p for p in changed if p not in planned]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of the {len(planned)} planned files are not in it ({_shown(missing)})")
+    if other:
+        problems.append(f"{_shown(other)} hold other bytes than planned (a filter or attribute of the serving repo)")
+    if extra:
+        problems.append(f"it also changes {_shown(extra)}, which publish did not plan")
+    if problems:
+        raise PublishError("the commit is not what publish planned: " + "; ".join(problems)
+                           + "; the serving repo is put back as it was")
 
 
 def is_url(target: str) -> bool:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
-from .errors import NothingDone, UsageError
-from .run_common import load_warm_start, no_bar, triton_settings
+from .errors import Incomplete, NothingDone, UsageError
+from .run_common import after_search, load_warm_start, no_bar, triton_settings
 from .run_configs import overlay, select_and_export, sku_names
 from .run_open import open_device
 from .run_outputs import open_storage_claimed, outputs_then_storage, run_name
@@ -22,7 +23,7 @@ def search_shared(req) -> None:
 
     budget = req.budget            # seconds (autotune.inputs.seconds)
     warm = load_warm_start(req.warm_start)
-    device, pool, cache, exp, plans = open_device(req, ["triton_moe"])
+    device, pool, cache, exp, plans, _ = open_device(req, ["triton_moe"])
     name = run_name(req, device)
     with pool:
         fp = plans[0]
@@ -49,15 +50,17 @@ def export_shared(req) -> None:
 
     if req.out is None:
         req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
-    device, pool, cache, exp, plans = open_device(req, ["triton_moe"])
+    device, pool, cache, exp, plans, _ = open_device(req, ["triton_moe"])
     skus = sku_names(req, device)
     name = run_name(req, device)
     storage = outputs_then_storage(req, device, pool, plans, skus, name,
                                    read_first=lambda st: _studies_there(st, plans[0], name, req.partial))
     settings = triton_settings(req, None, load_warm_start(req.warm_start))
     clock = Clock(pool)
-    wrote = False
-    with pool:
+    wrote, summary = False, {}
+    from .folder_change import folder_change
+    with pool, folder_change(Path(req.out) / device.file_name) as change:
+        change.begin()
         for p in plans[0].problems:
             t0 = time.monotonic()
             tuner = ProblemTuner(storage, p, plans[0].family, device, pool, settings, clock=clock,
@@ -67,10 +70,16 @@ def export_shared(req) -> None:
                 raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
                                  f"trials); nothing exported (--partial exports it anyway)")
             tuner.measure_baselines()
-            wrote |= select_and_export(req, tuner, device, clock, t0, {})
-        if not wrote:
+            wrote |= select_and_export(req, tuner, device, clock, t0, summary)
+        if not wrote and not summary.get("incomplete"):
             raise NothingDone("no config ran correctly at any batch size in the study: nothing exported")
-        overlay(req, device, plans[0].family)
+        if wrote:
+            after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
+                         req, device, plans[0].family, folder_step=True)
+    if change.outcome:
+        summary.setdefault("incomplete", []).append(change.outcome)
+    if summary.get("incomplete"):
+        raise Incomplete("; ".join(summary["incomplete"]))
 
 
 def _studies_there(storage, plan, run: str, partial: bool) -> None:

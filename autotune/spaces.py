@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .device import arch_section
+from .gpus import arch_section
 from .reading import parse_yaml, read_text
 
 # search_spaces/ at the top of a checkout; an installed wheel carries it inside the package.
@@ -124,21 +124,49 @@ def load(family: str, path: str | Path | None = None, gemms: tuple[str, ...] = (
     return {"path": str(p), "params": base, "gemm_params": gemm, "arch": arch}
 
 
-def check_params(space: Space, where: str, gemm: str, types: dict, optional=()) -> None:
-    """The family's parameters, each a ladder of its type (bool is not an int here)."""
-    unknown = sorted(set(space.params) - set(types))
+@dataclass(frozen=True)
+class Rule:
+    """The values a family's kernel takes for one parameter: its type, bounds, and whether it must be
+    a power of two; `why` names the kernel's reason, said with a value it would not take."""
+    type: type = int
+    least: int | None = None
+    most: int | None = None
+    power_of_two: bool = False
+    why: str = ""
+
+    def problem(self, v) -> str | None:
+        if type(v) is not self.type:
+            kind = "true/false" if self.type is bool else "positive integers" if (self.least or 0) >= 1 else "integers"
+            return f"must hold {kind}, got {v!r}"
+        if self.type is bool:
+            return None
+        if (self.least is not None and v < self.least) or (self.most is not None and v > self.most):
+            kind = "powers of two" if self.power_of_two else "integers"
+            bounds = (f"{kind} from {self.least} to {self.most}" if self.least is not None and self.most is not None
+                      else "positive integers" if self.least == 1 else
+                      f"{kind} of at least {self.least}" if self.least is not None else f"{kind} of at most {self.most}")
+            return f"must hold {bounds}, got {v!r}" + (f" ({self.why})" if self.why else "")
+        if self.power_of_two and v & (v - 1):
+            return f"must hold powers of two, got {v!r}" + (f" ({self.why})" if self.why else "")
+        return None
+
+
+def check_params(space: Space, where: str, gemm: str, rules: dict, optional=()) -> None:
+    """The family's parameters, each a ladder of values its kernel takes (`rules`: name -> Rule, or a
+    type for any value of it; bool is not an int here)."""
+    unknown = sorted(set(space.params) - set(rules))
     if unknown:
-        raise SpaceError(f"{where}: unknown parameter(s) {unknown} for {space.family}; known: {sorted(types)}")
-    missing = sorted(set(types) - set(space.params) - set(optional))
+        raise SpaceError(f"{where}: unknown parameter(s) {unknown} for {space.family}; known: {sorted(rules)}")
+    missing = sorted(set(rules) - set(space.params) - set(optional))
     if missing:
-        raise SpaceError(f"{where}: no ladder for {missing} ({gemm} GEMM); every one of {sorted(set(types) - set(optional))} "
+        raise SpaceError(f"{where}: no ladder for {missing} ({gemm} GEMM); every one of {sorted(set(rules) - set(optional))} "
                          "needs one")
     for name, ladder in space.params.items():
-        want = types[name]
-        bad = [v for v in ladder if type(v) is not want or (want is int and v <= 0)]
-        if bad:
-            kind = "true/false" if want is bool else "positive integers"
-            raise SpaceError(f"{where}: {name} must hold {kind}, got {bad[0]!r}")
+        rule = rules[name] if isinstance(rules[name], Rule) else Rule(rules[name])
+        for v in ladder:
+            why = rule.problem(v)
+            if why:
+                raise SpaceError(f"{where}: {name} {why}")
 
 
 def resolve(doc: dict, family: str, arch: str, gemm: str) -> Space:

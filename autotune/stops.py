@@ -4,11 +4,16 @@ remembered and raised as KeyboardInterrupt at the next `wait()` (the pool's wait
 the end of the block, never inside a storage call: a KeyboardInterrupt raised inside SQLAlchemy can
 leave a connection holding SQLite's write lock, and the re-queue that follows then fails (CI,
 session 16: a trial left RUNNING after SIGTERM). Outside those blocks a stop lands at once, as usual.
-A second signal while one is pending lands at once too (a user who presses Ctrl-C again means it)."""
+A second signal while one is pending lands at once too (a user who presses Ctrl-C again means it).
+Once the stop is being said (or the command has returned and the process only ends), a further
+signal ends the process at once with the command's code: never a traceback from inside the message
+or the interpreter's shutdown, never death by the signal instead of 130."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 _depth = 0              # > 0: inside deferred(), main thread
@@ -34,10 +39,27 @@ def _on_signal(signum, frame):
 
 
 def install(sigterm: bool = True) -> None:
-    """The CLI's handlers: SIGINT, and SIGTERM treated as Ctrl-C (then exit 143)."""
+    """The CLI's handlers: SIGINT, and SIGTERM treated as Ctrl-C (then exit 143); a new command, so
+    no stop is remembered."""
+    global _pending
+    _pending = None
+    _seen.clear()
     signal.signal(signal.SIGINT, _on_signal)
     if sigterm:
         signal.signal(signal.SIGTERM, _on_signal)
+
+
+def finishing(code: int | None = None) -> None:
+    """From here on the process only ends: a stop signal exits at once with `code` (None: 130, or 143
+    where the first stop was SIGTERM), what was printed flushed, nothing else run."""
+    def exit_now(signum, frame):
+        first = stopped_by() or signum
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):     # a write the signal cut short cannot be flushed
+                stream.flush()
+        os._exit(code if code is not None else 143 if first == signal.SIGTERM else 130)
+    signal.signal(signal.SIGINT, exit_now)
+    signal.signal(signal.SIGTERM, exit_now)
 
 
 def _main_thread() -> bool:

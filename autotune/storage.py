@@ -13,7 +13,8 @@ from pathlib import Path
 
 import optuna
 
-from .records import INVALID, Measurement, config_key
+from .records import INVALID, Measurement, config_key, is_resource_failure
+from .storage_url import safe_url, scrub
 
 # Optuna's INFO lines ("A new study created in RDB ...") are not the run's to print: quiet from the
 # first storage opened (--log-level debug turns them back on).
@@ -29,11 +30,20 @@ class StorageError(RuntimeError):
 DEFAULT_STORAGE = "sqlite:///autotune.db"
 
 
+def target(url: str):
+    """What `url` names (storage_url.StorageTarget: the SQLite file SQLite opens, in memory, read-only);
+    StorageError, one line with its password parts masked, when it names nothing SQLAlchemy opens."""
+    from .storage_url import StorageUrlError, parse
+
+    try:
+        return parse(url)
+    except StorageUrlError as e:
+        raise StorageError(f"storage {safe_url(url)} {e}") from None
+
+
 def sqlite_file(url: str) -> Path | None:
-    """The file of a plain sqlite:/// URL (None for :memory:, a URI filename or another database)."""
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not url.startswith("sqlite:///file:"):
-        return Path(url[len("sqlite:///"):])
-    return None
+    """The file SQLite opens for `url` (None: in memory, or another database)."""
+    return target(url).file
 
 
 def _tables(url: str) -> set[str]:
@@ -70,16 +80,24 @@ def _schema_problem(url: str, tables: set[str], existing: bool) -> str | None:
     return None
 
 
-def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, existing: bool = False):
+def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, existing: bool = False,
+                 reads_only: bool = False):
     """Optuna's RDB storage. `shared`: several processes tune the same studies, so each one
     records heartbeats for its running trials, and a trial whose process died (no heartbeat for
     3 intervals) is failed and re-queued once with the same parameters (never lost, never
     measured twice as a completed trial). `existing`: it must hold studies already (export reads
-    one); nothing is created in it. A database that is not an Optuna storage is refused untouched."""
+    one); nothing is created in it. `reads_only`: the caller never writes (a warm start), so a read-only
+    storage (`mode=ro`, `immutable=1`) is one to open. A database that is not an Optuna storage is
+    refused untouched."""
     import warnings
 
     url = url or DEFAULT_STORAGE
-    file = sqlite_file(url)
+    where = target(url)
+    if where.read_only and not reads_only:
+        # a run keeps its measurements there, and export and worker write their studies' bookkeeping
+        raise StorageError(f"storage {safe_url(url)} is read-only ({where.read_only}): it cannot hold a run; name a "
+                           "writable one (a read-only storage can be a --warm-start)")
+    file = where.file
     try:
         tables = _tables(url)
     except Exception as e:
@@ -88,7 +106,7 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
     why = _schema_problem(url, tables, existing)
     if why:
         raise StorageError(why)
-    if file is not None:
+    if file is not None and where.creates and not existing:
         # SQLite creates the file, not its folder: `--storage sqlite:///runs/a.db` should just work.
         with contextlib.suppress(OSError):
             file.parent.mkdir(parents=True, exist_ok=True)
@@ -161,32 +179,6 @@ def requeue(study, trial, why: str, names) -> None:
     params = trial.params if set(names) <= set(trial.params) else trial.system_attrs.get("fixed_params")
     if params:
         study.enqueue_trial(params, skip_if_exists=False)
-
-
-def _secrets(url: str) -> list[str]:
-    """The password parts of a URL: everything between the user's ':' and the last '@' (a password
-    may hold '@', ':' or '/'), and `password=` query values; longest first, for masking."""
-    import re
-    found = re.findall(r"password=([^&#]+)", url, re.I)
-    head, sep, _ = url.partition("://")
-    rest = url[len(head) + len(sep):] if sep else ""
-    creds = rest.rpartition("@")[0]
-    if ":" in creds:
-        password = creds.split(":", 1)[1]
-        # a driver's error may quote a piece of it (the host it misread from 'a@b:c@host')
-        found += [password, *(p for p in re.split(r"[:@/]", password) if len(p) >= 2)]
-    return sorted(set(found), key=len, reverse=True)
-
-
-def safe_url(url: str) -> str:
-    return scrub(url, url)
-
-
-def scrub(text: str, url: str) -> str:
-    """`text` (a URL, or a driver's message about one) with the URL's password parts masked."""
-    for secret in _secrets(url):
-        text = text.replace(secret, "***")
-    return text
 
 
 def claim(storage, run: str, device, existing: bool = False) -> None:
@@ -285,17 +277,31 @@ class Store:
             if t.state != optuna.trial.TrialState.COMPLETE or ATTR not in t.user_attrs:
                 continue
             m = Measurement.from_dict(t.user_attrs[ATTR])
+            if is_resource_failure(m):
+                self._heal(study, t)
+                continue
             self.measured[key].setdefault(config_key(m.config), m)
             if t.user_attrs.get("asked") and m.status != INVALID:
                 newly_asked += 1
         for name, value in study.user_attrs.items():
             if name.startswith("baseline:"):
                 m = Measurement.from_dict(value)
-                self.measured[key].setdefault(config_key(m.config), m)
+                if not is_resource_failure(m):      # else measured again (autotune.study's baselines)
+                    self.measured[key].setdefault(config_key(m.config), m)
             elif name.startswith("careful:"):
                 m = Measurement.from_dict(value)
-                self.careful.setdefault((*key, config_key(m.config)), m)
+                if not is_resource_failure(m):      # else re-measured by the selection
+                    self.careful.setdefault((*key, config_key(m.config)), m)
         return trials, requeued, newly_asked
+
+    @staticmethod
+    def _heal(study, t) -> None:
+        """An asked trial an earlier release told as its config's failure for want of GPU memory: not
+        counted against the budget, not known, and its config queued once to be asked again."""
+        mark = f"healed:{t.number}"
+        if t.user_attrs.get("asked") and mark not in study.user_attrs:
+            study.set_user_attr(mark, "a resource failure (GPU memory or device), measured again")
+            study.enqueue_trial(t.params, skip_if_exists=False)
 
     def known(self, key, config: dict):
         return self.measured[key].get(config_key(config))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from . import records, stops
+from .errors import GpuMemoryExhausted
 from .records import Measurement, config_key
 from .policy import SearchPolicy, trailing_duplicates
 from .storage import ATTR, Store, config_study_name, fail_reason
@@ -199,6 +200,10 @@ class ProblemTuner:
         except KeyboardInterrupt:     # SIGINT, or SIGTERM (docker stop) turned into one by the CLI
             with stops.deferred():
                 self.store.requeue_running("interrupted (the run was stopped); re-queued")
+            raise
+        except GpuMemoryExhausted:    # the machine, not a config: what was being measured is asked again
+            with stops.deferred():
+                self.store.requeue_running("the GPU ran out of memory; re-queued")
             raise
 
     def _search(self) -> None:

@@ -24,6 +24,9 @@ class Settings:
     # Where workers' stdout and stderr go (file descriptors, so compiler dumps from C++ too):
     # never the user's terminal. None leaves them alone.
     log_path: str | None = None
+    # GPU index -> bytes each worker there may hold in torch's allocator (its share of the memory plan,
+    # autotune.gpu_memory); none: no limit (the CPU, tests).
+    memory_limits: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -104,7 +104,7 @@ def _from_storage(url: str) -> tuple[list[Measurement], set]:
 
     try:
         # Read, never created: a missing SQLite file stays missing, a foreign database untouched.
-        storage = open_storage(url, existing=True)
+        storage = open_storage(url, existing=True, reads_only=True)
     except StorageError as e:
         # its advice names the flag the storage came from
         raise WarmStartError("--warm-start: " + re.sub(r"(check|name another) --storage", r"\1 --warm-start",

@@ -8,9 +8,16 @@ out-of-resources, wrong result or exception fails that measurement; a worker tha
 (SIGSEGV, SIGKILL, a CUDA error that poisons its context) or stops reporting progress for
 `timeout_s` is replaced and the measurements it owed are failed with the reason. What a worker
 does with one task at one M is autotune.measurer.
+
+A resource failure (CUDA out of memory, a busy device, a context lost to either) is the machine's
+state, not the config's verdict: the pool measures it again on a worker with more room, retiring one
+worker of that GPU and raising the others' memory limits, and never returns it to the caller. Where
+even one worker on the GPU cannot measure it, the pool raises GpuMemoryExhausted: the run stops in
+one line, and what was measured is in the storage for the resumed run.
 """
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import itertools
 import multiprocessing as mp
@@ -23,11 +30,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from . import records, stops
+from .errors import GpuMemoryExhausted
 from .frames import stuck_at
 from .fsutil import write_bytes
 from .measurer import Measurer
 from .records import Measurement, failure
 from .tasks import Settings, Task
+
+# Resource failures of one measurement before the pool gives up on a GPU already down to one worker.
+MAX_RESOURCE_ATTEMPTS = 3
 
 
 def _gpu_lock(lock_dir: str, gpu: int):
@@ -71,6 +82,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
         from sglang.srt import runtime_context as rc
 
         measurer = Measurer(settings, _gpu_lock(lock_dir, gpu))
+        measurer.limit_memory(settings.memory_limits.get(gpu))
         ctx = sglang_context()
     except BaseException as e:  # pragma: no cover - reported to the pool
         conn.send(("init_failed", f"{type(e).__name__}: {e}"))
@@ -96,6 +108,9 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
                 return
             if msg is None:
                 return
+            if isinstance(msg, tuple) and msg[0] == "limit":   # its share of the GPU changed (autotune.gpu_memory)
+                measurer.limit_memory(msg[1])
+                continue
             task: Task = msg
             problem = problem_from_dict(task.problem)
             for M in task.Ms:
@@ -105,7 +120,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
                 if fatal:
                     conn.send(("fatal", m.reason))
                     os._exit(3)
-            conn.send(("done", task.id))
+            conn.send(("done", task.id, measurer.trim()))
 
 
 @dataclass
@@ -120,21 +135,34 @@ class _Slot:
     results: list = field(default_factory=list)
     last_beat: float = 0.0
     fatal: str = ""
+    retiring: bool = False    # leaves the pool once its task is done (the GPU's memory is short)
 
 
 class WorkerPool:
     """submit() tasks to idle workers, poll() for finished ones; failures come back as records."""
 
     def __init__(self, settings: Settings, n_workers: int, gpus=(0,), timeout_s: float = 300.0,
-                 init_timeout_s: float = 600.0):
+                 init_timeout_s: float = 600.0, memory_plan=None):
+        """`gpus`: the GPU of each worker in turn (a memory plan's slots). `memory_plan`: the plan the
+        pool was sized by (autotune.gpu_memory); with it, a GPU short of memory loses workers and the
+        others on it get that worker's share."""
         self.settings = settings
         self.timeout_s = timeout_s
         self.init_timeout_s = init_timeout_s
+        self.memory_plan = memory_plan
+        self._phase = memory_plan.phases[0] if memory_plan is not None else None
+        self._cut: dict = {}          # GPU -> workers a shortage of memory took from it
         self._ctx = mp.get_context("spawn")
         self._lock_dir = tempfile.mkdtemp(prefix="autotune-locks-")
         self._ids = itertools.count(1)
         self._init_failures = 0
         self.replaced = 0
+        self.retired = 0              # workers the pool let go for want of GPU memory
+        self.resource_retries = 0     # measurements measured again after a resource failure
+        self.peak_bytes = 0           # the largest GPU memory a worker reported holding
+        self._retries: list = []      # (task, Ms) to measure again, ahead of new tasks
+        self._partial: dict = {}      # task id -> its measurements that need no retry
+        self._attempts: dict = {}     # (task id, M) -> resource failures so far
         self.slots = [_Slot(gpu=gpus[i % len(gpus)]) for i in range(max(1, n_workers))]
         for s in self.slots:
             self._spawn(s)
@@ -178,20 +206,27 @@ class WorkerPool:
         self.close()
 
     # -- tasks -------------------------------------------------------------------------------
+    def _free(self) -> list:
+        return [s for s in self.slots if s.ready and s.task is None and not s.retiring]
+
     def idle(self) -> int:
-        return sum(1 for s in self.slots if s.ready and s.task is None)
+        """Workers free for a new task (retries of resource failures go first)."""
+        return max(0, len(self._free()) - len(self._retries))
 
     def busy(self) -> int:
-        return sum(1 for s in self.slots if s.task is not None)
+        return sum(1 for s in self.slots if s.task is not None) + len(self._retries)
 
     def submit(self, task: Task) -> None:
-        slot = next(s for s in self.slots if s.ready and s.task is None)
         task.id = next(self._ids)
-        slot.task, slot.pending_Ms, slot.results = task, list(task.Ms), []
+        self._send(self._free()[0], task, list(task.Ms))
+
+    def _send(self, slot: _Slot, task: Task, Ms: list) -> None:
+        """Hand `task` at `Ms` to `slot` (a retry sends the same task with the Ms still owed)."""
+        slot.task, slot.pending_Ms, slot.results = task, list(Ms), []
         slot.current_M, slot.last_beat = None, time.monotonic()
         tag, task.tag = task.tag, None
         try:
-            slot.conn.send(task)
+            slot.conn.send(task if Ms == task.Ms else dataclasses.replace(task, Ms=list(Ms)))
         finally:
             task.tag = tag
 
@@ -203,7 +238,7 @@ class WorkerPool:
             if waitables:
                 wait(waitables, timeout=timeout)
         now = time.monotonic()
-        for s in self.slots:
+        for s in list(self.slots):
             try:
                 while s.conn.poll():
                     self._handle(s, s.conn.recv(), done)
@@ -219,6 +254,11 @@ class WorkerPool:
             elif not s.ready and now - s.last_beat > self.init_timeout_s:
                 self._kill(s)
                 raise RuntimeError(f"measurement worker did not start within {self.init_timeout_s:.0f} s")
+        for s in [s for s in self.slots if s.retiring and s.task is None]:
+            self._retire(s)
+        while self._retries and self._free():
+            task, Ms = self._retries.pop(0)
+            self._send(self._free()[0], task, Ms)
         return done
 
     def _where_stuck(self, s: _Slot, wait_s: float = 5.0) -> str:
@@ -246,6 +286,9 @@ class WorkerPool:
         if kind == "ready":
             s.ready = True
             self._init_failures = 0
+            limit = self.settings.memory_limits.get(s.gpu)
+            if limit is not None:     # the share may have changed since the pool started (a phase, a retired worker)
+                s.conn.send(("limit", limit))
         elif kind == "init_failed":
             self._init_failures += 1
             if self._init_failures >= 3:
@@ -260,8 +303,99 @@ class WorkerPool:
         elif kind == "fatal":
             s.fatal = msg[1]
         elif kind == "done" and s.task is not None:
-            done.append((s.task, s.results))
+            self.peak_bytes = max(self.peak_bytes, msg[2] if len(msg) > 2 else 0)
+            task, results = s.task, s.results
             s.task, s.results, s.pending_Ms = None, [], []
+            self._complete(task, results, s.gpu, done)
+
+    def _complete(self, task: Task, results: list, gpu: int, done: list) -> None:
+        """A task's measurements go back once none is a resource failure; those are measured again,
+        on a GPU with one worker fewer (GpuMemoryExhausted where it is down to one)."""
+        kept = self._partial.pop(task.id, []) + [m for m in results if m.status != records.RESOURCE]
+        again = [m for m in results if m.status == records.RESOURCE]
+        if not again:
+            done.append((task, sorted(kept, key=lambda m: task.Ms.index(m.M) if m.M in task.Ms else 0)))
+            return
+        self._partial[task.id] = kept
+        self.resource_retries += len(again)
+        tries = 0
+        for m in again:
+            self._attempts[task.id, m.M] = tries = max(tries, self._attempts.get((task.id, m.M), 0) + 1)
+        if not self._shrink(gpu, again[0].reason) and tries >= MAX_RESOURCE_ATTEMPTS:
+            raise GpuMemoryExhausted(
+                f"{task.problem_key} {task.gemm} M={again[0].M}: {again[0].reason} ({tries} tries, GPU {gpu} down to "
+                "one worker): the GPU has too little free memory for this problem; free the GPU or lower "
+                "AUTOTUNE_GPU_MEMORY's share of other work, then run the same command again (nothing measured is "
+                "lost: the storage holds it)")
+        self._retries.append((task, [m.M for m in again]))
+
+    def _shrink(self, gpu: int, why: str) -> bool:
+        """One worker fewer on `gpu` (an idle one at once, else the next to finish), the others' memory
+        limit raised to the freed share; False where it has one worker left."""
+        on_gpu = [s for s in self.slots if s.gpu == gpu and not s.retiring]
+        if len(on_gpu) <= 1:
+            return False
+        victim = min(on_gpu, key=lambda s: (s.task is not None, s.ready))
+        victim.retiring = True
+        self.retired += 1
+        self._cut[gpu] = self._cut.get(gpu, 0) + 1       # later phases start with one fewer here too
+        self._share_out(gpu)
+        if self.memory_plan is not None:
+            from .gpu_memory import gib
+            print(f"GPU {gpu} is short of memory ({why[:120]}): {len(on_gpu)} workers -> {len(on_gpu) - 1}, "
+                  f"each may hold {gib(self.settings.memory_limits[gpu])} of tensors; the measurement is taken "
+                  "again", flush=True)
+        return True
+
+    def use_phase(self, name: str) -> None:
+        """The run enters a step of the memory plan (autotune.gpu_memory.Phase): each GPU gets that step's
+        workers (fewer by those a shortage of memory took before), each with its share of the GPU."""
+        plan = self.memory_plan
+        if plan is None or plan.phase(name) is None:
+            return
+        self._phase = plan.phase(name)
+        for i, g in enumerate(plan.gpus):
+            want = max(1, plan.workers[name][i] - self._cut.get(g.index, 0))
+            live = self._live(g.index)
+            for s in sorted(live, key=lambda s: (s.task is not None, s.ready))[:max(0, len(live) - want)]:
+                s.retiring = True          # idle ones leave at the next poll, busy ones when done
+            for _ in range(want - len(live)):
+                self.slots.append(_Slot(gpu=g.index))
+                self._spawn(self.slots[-1])
+            self._share_out(g.index)
+
+    def _live(self, gpu: int) -> list:
+        return [s for s in self.slots if s.gpu == gpu and not s.retiring]
+
+    def main_fraction(self) -> float | None:
+        """The run's own process's share of the first GPU in the current phase (None: no plan)."""
+        if self._phase is None:
+            return None
+        return self.memory_plan.main_fraction(self._phase, len(self._live(self.memory_plan.gpus[0].index)))
+
+    def _share_out(self, gpu: int) -> None:
+        """Each live worker on `gpu` gets the equal share of its budget in the current phase."""
+        plan, phase = self.memory_plan, self._phase
+        if plan is None or phase is None:
+            return
+        from .gpu_memory import CONTEXT_BYTES
+
+        live = self._live(gpu)
+        i = [g.index for g in plan.gpus].index(gpu)
+        limit = plan.share(i, phase, workers=len(live)) - CONTEXT_BYTES
+        self.settings.memory_limits[gpu] = limit
+        for s in live:
+            if s.ready:
+                s.conn.send(("limit", limit))
+
+    def _retire(self, s: _Slot) -> None:
+        try:
+            s.conn.send(None)
+            s.proc.join(timeout=5)
+        except Exception:
+            pass
+        self._kill(s)
+        self.slots.remove(s)
 
     def _died(self, s: _Slot, done: list) -> None:
         if s.proc is not None:
@@ -279,17 +413,24 @@ class WorkerPool:
         if s.fatal:
             why = f"CUDA context lost ({s.fatal}); {why}"
         if s.task is not None:
-            self._fail_task(s, records.CRASH, why, done)
+            self._fail_task(s, records.RESOURCE if records.is_resource_reason(s.fatal) else records.CRASH, why, done)
         else:
             self._kill(s)
-            self._spawn(s)
+            if s.retiring:
+                self.slots.remove(s)
+            else:
+                self._spawn(s)
 
     def _fail_task(self, s: _Slot, status: str, why: str, done: list) -> None:
         task = s.task
         at = f" at M={s.current_M}" if s.current_M is not None else ""
         for M in s.pending_Ms:
             s.results.append(failure(task.problem_key, task.gemm, M, task.config, status, why + at))
-        done.append((task, s.results))
+        results, s.task = s.results, None
         self._kill(s)
         self.replaced += 1
-        self._spawn(s)
+        if s.retiring:
+            self.slots.remove(s)
+        else:
+            self._spawn(s)
+        self._complete(task, results, s.gpu, done)

@@ -28,6 +28,11 @@
 #   warm       issue 12: cold vs --warm-start runs of E=256,N=128 and E=512,N=256 bf16 (WARM_RUNS, WARM_BS, WARM_TRIALS)
 #   check      issue 12: `autotune check` of the committed H200 folder: versions, then each Triton MoE file
 #              re-timed as SGLang runs the layer, tuned vs shipped vs default (CHECK_BS batch sizes)
+#   mem=WHAT@CAP  issue 35: a run under a GPU memory cap (CAP: full, or AUTOTUNE_GPU_MEMORY's value, e.g. 32GiB),
+#              default workers; WHAT: bf16 / fp8 (Qwen3.5-397B TP8 fused-MoE Triton configs, MEM_BUDGET each) or
+#              backends (fp8_gemm, moe_fp8, moe_bf16; MEM_BS batch sizes, default all). Then
+#              benchmarks/memory_audit.py: stored verdicts by status, resource failures stored as a config's
+#              failure (must be 0), keys per written file (must be 18). GPU memory used is in clocks.csv.
 #   confirm    issue 12: a short block-FP8 run (CONFIRM_BS, CONFIRM_BUDGET) whose per-M picks are confirmed as
 #              SGLang runs the layer (autotune/confirm.py); its provenance holds per_M[M]["layer"]
 # Every call logs the GPU's SM/memory clocks, power and use every 100 ms to $OUT/clocks.csv (timing
@@ -147,14 +152,39 @@ step_warm() {
   done
 }
 
-if [ "${1:-}" = __step ]; then step_"$2"; exit; fi
+step_mem() {
+  local what=${1%@*} cap=${1#*@} tag=${1/@/_} args
+  case $what in
+    bf16) args=(--dtype bf16 --kernels triton_moe --budget "${MEM_BUDGET:-150s}") ;;
+    fp8) args=(--dtype fp8_w8a8_block --kernels triton_moe --budget "${MEM_BUDGET:-150s}") ;;
+    backends) args=(--kernels fp8_gemm,moe_fp8,moe_bf16 --skip-backends flashinfer_cutlass)
+              [ -n "${MEM_BS:-}" ] && args+=(--batch-sizes "$MEM_BS") ;;
+    *) echo "mem: unknown run $what"; return 2 ;;
+  esac
+  if [ "$cap" = full ]; then unset AUTOTUNE_GPU_MEMORY; else export AUTOTUNE_GPU_MEMORY=$cap; fi
+  echo "--- mem $what, cap ${AUTOTUNE_GPU_MEMORY:-none} $(date -u +%T)"
+  at run "${MODEL[@]}" "${args[@]}" --gpus all --storage "sqlite:///$WORK/mem_$tag.db" --out "$WORK/mem_$tag" \
+     --json "$WORK/mem_$tag.json" --quiet
+  echo "--- mem $tag: autotune exit $?"
+  python3 benchmarks/memory_audit.py --storage "sqlite:///$WORK/mem_$tag.db" --out "$WORK/mem_$tag" \
+     --json "$WORK/mem_$tag.audit.json"
+  echo "--- mem $tag: audit exit $?"
+}
 
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+# a step named NAME=ARG runs step_NAME ARG
+if [ "${1:-}" = __step ]; then
+  case $2 in *=*) step_"${2%%=*}" "${2#*=}" ;; *) step_"$2" ;; esac
+  exit
+fi
+
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
   --format=csv -lms 100 > "$OUT/clocks.csv" 2>/dev/null &
 clock_log=$!
 pack() {   # what comes back: logs, and the work folder as one tarball
   kill "$clock_log" 2>/dev/null
   tar -czf "$OUT/work.tgz" -C "$WORK" . 2>/dev/null
+  # what a run said and wrote, without its storage (work.tgz may pass the 16 MiB a file may bring back)
+  tar -czf "$OUT/results.tgz" -C "$WORK" --exclude='*.db' --exclude='*.jsonl.gz' . 2>/dev/null
   [ -d "${SGLANG_JIT_CACHE_DIR:-}" ] && XZ_OPT=-T0 tar -cJf "$OUT/sgjit.tar.xz" --exclude='*.o' \
      -C "$SGLANG_JIT_CACHE_DIR" --transform 's,^\.,sgjit,' .
 }
@@ -171,6 +201,6 @@ for spec in "$@"; do
   echo "=== step $name (limit ${limit}s) $(date -u +%FT%TZ)" | tee -a "$OUT/steps.txt"
   t0=$(date +%s)
   # `timeout` stops a step, not the call: the next steps and the packing still run.
-  timeout -k 10 "$limit" bash "$0" __step "$name" 2>&1 | tee "$OUT/$name.log"
+  timeout -k 10 "$limit" bash "$0" __step "$name" 2>&1 | tee "$OUT/$(tr -c 'A-Za-z0-9._\n-' _ <<< "$name").log"
   echo "=== step $name rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 ))s"
 done

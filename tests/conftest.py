@@ -67,6 +67,43 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_collection_modifyitems(config, items):
+    # Container tests take minutes and need the built image: only a run that selects them by name
+    # (-m container) runs them; the quick and slow tiers skip them at once.
+    if "container" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="container tests run only with -m container (.ci/run's container phase)")
+    for item in items:
+        if item.get_closest_marker("container"):
+            item.add_marker(skip)
+
+
+def finished_trials(db_path) -> int:
+    """COMPLETE trials in a SQLite study file, by one read-only query: cheap enough to poll while
+    the run writes (loading every study twice a second kept its writer waiting on the database
+    lock; on a slow CI machine the run made under 40 measurements in 400 s)."""
+    import contextlib
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.2)) as c:
+            return c.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:          # not created yet, or locked this instant
+        return 0
+
+
+def wait_for_trials(proc, db_path, n: int, what: str, timeout: float = 400) -> None:
+    """Until the run has stored `n` COMPLETE trials while still running (the storage is the only
+    signal a run gives mid-search), at most `timeout` s: a loaded 2-core machine starts slowly."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and finished_trials(db_path) < n:
+        assert time.monotonic() < deadline, f"{what}: fewer than {n} trials in {timeout:.0f} s"
+        time.sleep(0.2)
+    assert proc.poll() is None, f"{what}: the run ended before {n} trials were stored"
+
+
 @pytest.fixture(scope="session")
 def grid_cache():
     from autotune.records import read_cache

@@ -1,7 +1,11 @@
 """A kernel family whose configs misbehave on purpose, to test the worker isolation.
 
 config["mode"]: ok | nan_at_2 (NaN at M=2 only) | zeros | unwritten | crash (SIGSEGV) |
-hang | compile (compile error) | oor (out of resources) | cuda_fatal (poisoned context)
+hang | compile (compile error) | oor (out of resources) | cuda_fatal (poisoned context) |
+oom_once (torch's out-of-memory the first time at each M: a resource failure, then fine) |
+cuda_oom_once (CUDA's own out-of-memory, which poisons the context, the first time at each M) |
+oom_always (out of memory every time). The *_once modes count their tries in files under the folder
+$FAULTY_STATE, shared by every worker process (they inherit the test's environment).
 """
 import os
 import signal
@@ -10,7 +14,18 @@ from types import SimpleNamespace
 
 from autotune.spaces import Space
 
-MODES = ("ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal")
+MODES = ("ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal", "oom_once",
+         "cuda_oom_once", "oom_always")
+
+
+def first_time(config, M) -> bool:
+    """True the first time any worker asks for (config, M): a file under $FAULTY_STATE says it was."""
+    mark = os.path.join(os.environ["FAULTY_STATE"], f"{config['mode']}-{M}")
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 class CompilationError(Exception):
@@ -64,6 +79,12 @@ class Faulty:
             raise OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
         if mode == "cuda_fatal":
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if mode == "oom_always" or (mode == "oom_once" and first_time(config, inputs.M)):
+            import torch
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                         "capacity of 79.19 GiB of which 1.06 GiB is free.")
+        if mode == "cuda_oom_once" and first_time(config, inputs.M):
+            raise RuntimeError("CUDA error: out of memory")
         if mode == "unwritten":
             return inputs.C
         inputs.C.copy_(inputs.x)
@@ -78,3 +99,12 @@ class Faulty:
 
     def tolerance(self, problem, on_cpu=False):
         return 1e-6
+
+
+class OomFaulty(Faulty):
+    """Two configs: one that runs, one that runs out of GPU memory the first time at each M."""
+    name = "oom_faulty"
+    spec = "tests.faulty_family:OomFaulty"
+
+    def space(self, problem, gemm, device):
+        return Space("oom_faulty", {"mode": ("ok", "oom_once")})

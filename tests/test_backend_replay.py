@@ -31,9 +31,9 @@ def cache_path(tmp_path):
 
 
 def _run(tmp_path, cache_path, *extra):
+    storage = [] if "--storage" in extra else ["--storage", f"sqlite:///{tmp_path / 'a.db'}"]   # one each
     return main(["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--kernels", "moe_bf16,fp4_gemm",
-                 "--replay", str(cache_path), "--out", str(tmp_path / "out"),
-                 "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet", *extra])
+                 "--replay", str(cache_path), "--out", str(tmp_path / "out"), *storage, "--quiet", *extra])
 
 
 def test_decode_mix_picks_cutlass_and_writes_server_args(tmp_path, cache_path, capsys):

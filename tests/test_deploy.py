@@ -1,4 +1,5 @@
-"""The Dockerfile and compose file, checked statically (there is no Docker engine in CI)."""
+"""The Dockerfile and compose file, checked statically, and the image's recorded stack against requirements/
+(tests/test_container.py builds nothing: it runs the image scripts/build_image.sh built, where an engine exists)."""
 import re
 
 import yaml
@@ -24,6 +25,11 @@ def dockerfile():
 
 def pins(path):
     return dict(re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s#]+)", (ROOT / path).read_text(), re.M))
+
+
+def canonical(pinned: dict) -> dict:
+    """name -> version with names as pip compares them (extras dropped, case and -_. folded)."""
+    return {re.sub(r"[-_.]+", "-", re.sub(r"\[.*\]", "", n)).lower(): v for n, v in pinned.items()}
 
 
 def test_every_instruction_is_known_and_the_image_runs_autotune_as_non_root():
@@ -80,9 +86,26 @@ def test_compose_runs_one_worker_per_gpu_on_one_postgres_study():
 def test_the_lock_setup_installs_holds_every_pin_of_cpu_txt_at_its_version():
     # setup.sh installs requirements/cpu.lock with --no-deps (in parallel) and cpu.txt only checks it:
     # a pin changed in cpu.txt without re-running scripts/lock_cpu.py would test another stack.
-    def canon(pinned):
-        return {re.sub(r"[-_.]+", "-", re.sub(r"\[.*\]", "", n)).lower(): v for n, v in pinned.items()}
-
-    lock, cpu = canon(pins("requirements/cpu.lock")), canon(pins("requirements/cpu.txt"))
+    lock, cpu = canonical(pins("requirements/cpu.lock")), canonical(pins("requirements/cpu.txt"))
     assert {n: v for n, v in cpu.items() if lock.get(n) != v} == {}
     assert "torch" in lock and "sglang" not in lock    # sglang goes in apart, with --no-deps
+
+
+def test_the_images_recorded_stack_is_the_tested_one_and_its_own_pins():
+    """Dockerfile.pip-freeze.txt (scripts/build_image.sh: what pip resolved in the image) holds the
+    Dockerfile's version args, and every package of requirements/cpu.lock (the CPU tests' stack, the
+    build's constraints) at the locked version, except the ones the Dockerfile leaves out of the
+    constraints, which must differ (else the exception is stale). A pin moved in requirements/ or the
+    Dockerfile without the image rebuilt and its freeze committed fails here."""
+    text = (ROOT / "Dockerfile").read_text()
+    assert "source=requirements/cpu.lock" in text
+    left_out = set(re.search(r"grep -v -E '\^\(([\w|.-]+)\)==' /tmp/cpu\.lock", text).group(1).split("|"))
+    freeze = canonical(pins("Dockerfile.pip-freeze.txt"))
+    lock = canonical(pins("requirements/cpu.lock"))
+    args = dict(re.findall(r"^ARG (\w+)_VERSION=(\S+)", text, re.M))
+    names = {"TORCH": "torch", "SGLANG": "sglang", "FLASHINFER": "flashinfer-python", "OPTUNA": "optuna",
+             "PSYCOPG": "psycopg"}
+    assert set(args) == set(names)
+    assert {names[a]: v for a, v in args.items() if freeze.get(names[a]) != v} == {}
+    differ = {n: (v, freeze[n]) for n, v in lock.items() if n in freeze and freeze[n] != v}
+    assert set(differ) == left_out, (differ, left_out)

@@ -139,3 +139,20 @@ def test_every_value_sglang_takes_is_installed_where_sglang_reads_it(tmp_path, c
         assert main([*base, "--dtype", dtype]) == 0, capsys.readouterr().err
         assert sglang_path(cache, model, 0, dtype=torch_dtype).is_file(), dtype
     assert main([*base, "--hf-config-class", "Qwen3_5MoeConfig", "--ep", "2", "--attn-dp", "2"]) == 0
+
+
+def test_a_quantization_autotune_cannot_name_is_taken_from_the_flag(tmp_path, capsys):
+    """GPT-OSS's checkpoints say quant_method mxfp4, which autotune has no SGLang name for: without
+    --quantization install says to pass it, and with it installs (the model folder was refused
+    whatever the flag said, although the line asked for the flag)."""
+    folder, model, cache = tuned_folder(tmp_path), model_folder(tmp_path), tmp_path / "cache"
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    base = ["install", str(folder), "--model-path", str(model), "--tp", "2", "--cache-dir", str(cache)]
+    assert main(base) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "quantization 'mxfp4' is not one autotune knows" in err[0] and "--quantization" in err[0]
+    assert not cache.exists()
+    assert main([*base, "--quantization", "mxfp4"]) == 0, capsys.readouterr().err
+    assert sglang_path(cache, model, 0, quantization="mxfp4").is_file()

@@ -4,7 +4,8 @@ must keep the one invariant of docs/RELIABILITY.md:
 
 - no exception escapes `main` (a traceback fails the example);
 - exit 0 with something useful on stdout and no error line, or a non-zero exit; exit 2 with exactly
-  one line on stderr, `autotune: error: ...`;
+  one line on stderr, `autotune: error: ...`; every line printed is printable (a name holding a
+  newline or a control character split no line);
 - every file that existed before is byte-identical after, and nothing lands outside the example's
   own folder (each example runs with its folder as the working directory, DEPTH folders below a
   sandbox that must hold nothing else afterwards: a name that climbs out with `../` or names an
@@ -94,6 +95,7 @@ def _holds(capsys, argv, root: Path, codes=(0, 1, 2)) -> int:
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert rc in codes, (argv, rc, err)
     assert "Traceback" not in err, err
+    assert all(line.isprintable() for line in (out + err).splitlines()), (argv, out, err)   # a name split no line
     if rc == 0:
         assert out.strip() and not any(line.startswith("autotune: error") for line in lines), (argv, out, err)
     if rc == 2:
@@ -538,6 +540,151 @@ def test_flags(tier, capsys):
     prop()
 
 
+# --- issue 37: the formats parsed by the library that owns them ---------------------------------------
+
+# storage URLs: what SQLAlchemy's parser and SQLite read, generated (file names with a query string,
+# URI forms, options SQLite reads or drops, repeated ones, values the driver refuses)
+url_names = st.one_of(
+    st.sampled_from(["a.db", "sub/a.db", "a b.db", "a#b.db", "a%20b.db", "%61.db", "a%2561.db", "sub/../a.db",
+                     "é.db", ":memory:", "", "file:u.db", "file::memory:", "file:sub/u.db", "file:u%3Fx.db",
+                     "file:", "?.db", "a.db?", "a&b.db"]),
+    st.text(alphabet="ab.%?#&=:/ é", min_size=1, max_size=10)).filter(lambda name: not name.startswith("/"))
+# (a name from '/' is a file at the machine's root: absolute names are drawn inside the sandbox only)
+url_options = st.lists(st.tuples(
+    st.sampled_from(["timeout", "mode", "uri", "immutable", "cache", "check_same_thread", "isolation_level", "nolock",
+                     "vfs", "detect_types", "x"]),
+    st.sampled_from(["30", "0", "-1", "nan", "1e999", "ro", "rw", "rwc", "memory", "true", "false", "1", "shared", "",
+                     "soon", "unix-none"])), max_size=3)
+storage_urls = st.builds(lambda scheme, name, options: scheme + name + ("?" + "&".join(f"{k}={v}" for k, v in options)
+                                                                        if options else ""),
+                         st.sampled_from(["sqlite:///", "sqlite://", f"sqlite:///{SANDBOX}/", "sqlite+pysqlite:///"]),
+                         url_names, url_options)
+
+
+def _made(root: Path) -> set:
+    return {p.resolve() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_storage_urls_name_the_file_sqlite_opens(tier):
+    """Whatever the URL, parse() either refuses it in one line, creating nothing, or names exactly the
+    file SQLAlchemy and SQLite then open (none for a database in memory), and calls it read-only
+    exactly when SQLite refuses to write it."""
+    import sqlalchemy
+
+    from autotune.storage_url import StorageUrlError, parse
+
+    @_settings(tier, 40)
+    @given(storage_urls)
+    def prop(url):
+        with _example() as root:
+            (root / "sub").mkdir()
+            url = url.replace(SANDBOX, str(root))
+            try:
+                target = parse(url)
+            except StorageUrlError as e:
+                assert "\n" not in str(e) and not _made(root), (url, str(e))
+                return
+            assert target.sqlite and not _made(root), url
+            if target.read_only:
+                return        # it names a file that must exist first: test_storage_url makes one
+            engine = sqlalchemy.create_engine(url)
+            try:
+                with engine.begin() as c:
+                    c.execute(sqlalchemy.text("CREATE TABLE t (x)"))
+            except sqlalchemy.exc.OperationalError as e:
+                assert "unable to open" in str(e) and not _made(root), (url, str(e))   # a folder not there
+                return
+            finally:
+                engine.dispose()
+            made = _made(root.parents[DEPTH])
+            assert made == (set() if target.in_memory else {target.file.resolve()}), (url, target, made)
+    prop()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_storage_urls_on_the_command_line(tier, capsys):
+    """The same URLs given to a run: the invariant, and a user's database is never written into."""
+    import sqlite3
+
+    @_settings(tier, 10)
+    @given(storage_urls)
+    def prop(url):
+        with _example() as root:
+            (root / "sub").mkdir()
+            with sqlite3.connect(root / "a.db") as c:           # the user's own database, wherever a URL names it
+                c.execute("CREATE TABLE mine (x)")
+            _holds(capsys, ["run", *ONE, "--replay", GRID, "--batch-sizes", "8", "--trials", "1", "--quiet",
+                            "--out", "out", "--storage", url.replace(SANDBOX, str(root))], root)
+    prop()
+
+
+# recording headers: the names and versions a header hands us, as any text
+header_text = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["NVIDIA H200", "NVIDIA\nH200", "NVIDIA\tH200", "NVIDIA H200 ", " NVIDIA", "NVIDIA/H200", "NVIDIA_H200,dtype=x",
+     "3.6.0", "3.6.0/../../x", "3.6", "..", "", "3.6.0\n", "é"]), values)
+header_fields = st.sampled_from([("device", "name"), ("device", "versions", "triton"), ("device", "driver"),
+                                 ("device", "smem_optin"), ("device", "sm"), ("device", "kind"),
+                                 ("device", "gpu_count"), ("notes", "compile_workers")])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_recording_headers(tier, capsys, small_recording):
+    """A header whose names or numbers are any value: the invariant, and what an accepted one makes
+    the run write has plain names (the device's name and Triton version name files and folders)."""
+    @_settings(tier, 12)
+    @given(st.lists(st.tuples(header_fields, header_text), min_size=1, max_size=2),
+           st.sampled_from(["run", "merge-caches"]))
+    def prop(edits, command):
+        with _example() as root:
+            head = json.loads(small_recording[0])
+            for path, value in edits:
+                node = head
+                for k in path[:-1]:
+                    node = node.setdefault(k, {})
+                node[path[-1]] = value
+            with gzip.open(root / "rec.jsonl.gz", "wt") as f:
+                f.write("\n".join([json.dumps(head), *small_recording[1:]]) + "\n")
+            argv = {"run": ["run", *ONE, "--replay", "rec.jsonl.gz", "--trials", "1", "--batch-sizes", "8", "--quiet",
+                            "--out", "out", "--storage", "sqlite:///a.db"],
+                    "merge-caches": ["merge-caches", "rec.jsonl.gz", "-o", "merged.jsonl.gz"]}[command]
+            if _holds(capsys, argv, root) == 0:
+                written = [p.relative_to(root) for p in root.rglob("*") if p.name != "rec.jsonl.gz"]
+                assert all(part.isascii() and part.isprintable() for p in written for part in p.parts), written
+    prop()
+
+
+# flags: several at once, repeated, contradicting each other, empty
+FLAG_VALUES = {"--model": ["qwen3.5-397b-a17b", "qwen3.5-35b-a3b", ""], "--shapes": ["qwen3.5", ""],
+               "--model-config": ["config.json"], "--tp": ["8", "1,8"], "--dtype": ["bf16", "", "bf16,bf16"],
+               "--kernels": ["triton_moe", "fp8_gemm", "triton_moe,fp8_gemm"], "--replay": [str(GRID), ""],
+               "--replay-realtime": ["0", "1"], "--batch-sizes": ["8", "8,8"],
+               "--target-device": ["NVIDIA H200"], "--search-space": [str(ROOT / "search_spaces/triton_moe.yaml")],
+               "--only-drifted": [str(PROVENANCE_FOLDER)], "--gpus": ["0", "0,0"], "--checkpoint": ["moe_bf16"],
+               "--study": ["s", ""], "--sglang-version": ["0.5.23", ""], "--dry-run": [None]}
+SINGLE = {f for f, v in FLAG_VALUES.items() if v != [None]}
+EXCLUSIVE = [{"--model", "--model-config", "--shapes", "--only-drifted"}]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_flags_together(tier, capsys):
+    """Any few flags of `run`, each maybe twice: the invariant, and a single-valued flag given twice or
+    two flags of one exclusive group are always a refusal."""
+    @_settings(tier, 25)
+    @given(st.lists(st.sampled_from(sorted(FLAG_VALUES)).flatmap(
+        lambda f: st.tuples(st.just(f), st.sampled_from(FLAG_VALUES[f]))), min_size=1, max_size=6))
+    def prop(flags):
+        with _example() as root:
+            (root / "config.json").write_text(json.dumps(CONFIG))
+            argv = ["run", "--out", "out", "--storage", "sqlite:///a.db", "--trials", "1", "--quiet",
+                    *[a for f, v in flags for a in ((f,) if v is None else (f, v))]]
+            rc = _holds(capsys, argv, root)
+            names = [f for f, _ in flags]
+            if any(names.count(f) > 1 for f in SINGLE) or any(len(group & set(names)) > 1 for group in EXCLUSIVE):
+                assert rc == 2, argv
+    prop()
+
+
 def test_the_invariant_fails_where_it_should(capsys):
     """The checker itself: an exit 0 without output, or two error lines, is caught."""
     with _example() as root:
@@ -625,6 +772,12 @@ FOUND = {
                                                      command="merge-choices"),
     "fuzz-choices-device-name-null": _found_folder(edit_choice=lambda c: c["device"].update(name=None),
                                                    command="merge-choices"),
+    # issue 37's sweep
+    "fuzz-path-flag-control-character": lambda root, lines: ["merge-choices", PROVENANCE_FOLDER, "--out=\x1b"],
+    "fuzz-storage-uri-without-a-name": lambda root, lines: ["run", *ONE, "--replay", GRID, "--dry-run",
+                                                           "--storage", "sqlite://?uri=true"],
+    "fuzz-header-compile-workers-null": _found_recording(("header", 0, HEADER_PATHS.index(("notes", "compile_workers")),
+                                                          None), "run"),
 }
 
 

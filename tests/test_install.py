@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow      # builds a wheel and a fresh venv
 
 # import name -> the distribution that provides it (as declared in pyproject.toml)
 DISTRIBUTION = {"yaml": "pyyaml", "sqlalchemy": "sqlalchemy", "flashinfer": "flashinfer-python",
-                "sgl_kernel": "sglang"}     # sgl_kernel comes with sglang (its sglang-kernel dependency)
+                "sgl_kernel": "sglang",     # sgl_kernel comes with sglang (its sglang-kernel dependency)
+                "pynvml": "nvidia-ml-py"}
 
 
 @pytest.fixture(scope="module")

@@ -22,18 +22,29 @@ def git(repo, *args):
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def tuned(tmp_path, name, times, cfg=A, gate=True):
+def tuned(tmp_path, name, times, cfg=A, gate=True, device=DEV):
     out = tmp_path / name
     choices = {M: Choice.pair(M, cfg, cfg, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
-    export_problem(out, DEV, P, choices, {})
+    export_problem(out, device, P, choices, {})
     if gate is not None:
-        # the gate record `autotune validate --gate` writes (autotune.validate.gate.GateResult.to_dict)
-        lines = (["gate passed: tuned is not slower than baseline beyond noise at any of 6 tested points"] if gate
-                 else ["regression at bs 64: tuned 900.0 tok/s vs baseline 950.0 tok/s", "gate FAILED"])
-        (out / DEV.file_name / "validation.json").write_text(json.dumps(
-            {"gate": {"passed": gate, "allow_regression": False, "regressions": [] if gate else ["bs 64"],
-                      "lines": lines}}))
-    return out / DEV.file_name
+        validated(out / device.file_name, gate)
+    return out / device.file_name
+
+
+def validated(folder, gate=True, validated_on="gpu"):
+    """The record `autotune validate --gate` writes: its gate (autotune.validate.gate.GateResult.to_dict)
+    and what it judged (autotune.validate.judged: the folder's files as they are now)."""
+    from autotune.validate.judged import snapshot
+
+    lines = (["gate passed: tuned is not slower than baseline beyond noise at any of 6 tested points"] if gate
+             else ["regression at bs 64: tuned 900.0 tok/s vs baseline 950.0 tok/s", "gate FAILED"])
+    path = folder / "validation.json"
+    record = json.loads(path.read_text()) if path.exists() else {}      # a copied record keeps its other keys
+    record.update(gate={"passed": gate, "allow_regression": False, "regressions": [] if gate else ["bs 64"],
+                        "lines": lines},
+                  judged={**snapshot(folder), "validated_on": validated_on})
+    path.write_text(json.dumps(record))
+    return folder
 
 
 @pytest.fixture
@@ -131,6 +142,7 @@ def test_publish_carries_the_shipped_overlay_and_keeps_a_tuned_file_first(tmp_pa
     (builtin / UP).write_text(json.dumps({"1": B}))             # SGLang ships our tuned shape too
     rec = overlay_shipped(src, DEV, ("0.5.23",), builtin=builtin.parent.parent, sglang_version="0.5.23")
     assert rec["files"] == [f"configs/triton_3_6_0/{other}"]
+    validated(src)                   # the folder validated as it now is, with the overlay
     assert main(["publish", "--to", str(serving), "--from", str(src)]) == 0
     dest = serving / "tuned_configs" / DEV.file_name
     assert json.loads((dest / "configs/triton_3_6_0" / other).read_text()) == {"1": A}
@@ -164,9 +176,119 @@ def test_publish_merges_server_args_with_the_serving_repos_families(tmp_path, se
     c = json.loads(cfg.read_text())
     c["1"] = {**c["1"], "num_stages": 5 if c["1"]["num_stages"] != 5 else 4}
     cfg.write_text(json.dumps(c))
+    for f in folders.values():
+        validated(f)                 # each folder validated as it now is
     assert main(["publish", "--to", str(serving), "--from", str(folders["moe"]), "--branch", "b1"]) == 0
     values = server_args.read_values(serving / "tuned_configs/NVIDIA_H200/server_args.yaml")
     assert values.get("moe-runner-backend") == "triton" and "fp8-gemm-backend" not in values
     assert main(["publish", "--to", str(serving), "--from", str(folders["gemm"]), "--branch", "b2"]) == 0
     values = server_args.read_values(serving / "tuned_configs/NVIDIA_H200/server_args.yaml")
     assert values.get("moe-runner-backend") == "triton" and values.get("fp8-gemm-backend") == "triton"
+
+
+# --- publish proves what it committed ----------------------------------------------------------------
+
+def _state(repo):
+    """What a user sees of a repo: its files (git's own store aside), its refs and what is checked out."""
+    import hashlib
+
+    files = {p.relative_to(repo).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in repo.rglob("*") if p.is_file() and ".git" not in p.relative_to(repo).parts}
+    return files, git(repo, "for-each-ref", "--format=%(refname) %(objectname)"), \
+        git(repo, "symbolic-ref", "HEAD"), git(repo, "status", "--porcelain")
+
+
+def _commit_file(repo, name, text):
+    (repo / name).write_text(text)
+    git(repo, "add", name)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"add {name}")
+
+
+def _one_line(capsys, rc, says):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and says in err[0], (rc, err)
+    return err[0]
+
+
+def test_a_serving_repo_that_ignores_json_is_refused_with_the_repo_unchanged(tmp_path, serving, capsys):
+    """.gitignore holds *.json: publish said "published 80 files" where the commit held 3 (exit 0)."""
+    _commit_file(serving, ".gitignore", "*.json\n")
+    before = _state(serving)
+    rc = main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "a", {1: 10.0}))])
+    line = _one_line(capsys, rc, "the serving repo ignores 4 of the 4 files to publish")
+    assert ".gitignore:1: *.json" in line and f"configs/triton_3_6_0/{UP}" in line
+    assert _state(serving) == before
+
+
+@pytest.mark.parametrize("how", ["hook-drops-a-file", "filter-changes-bytes"])
+def test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back(tmp_path, serving, capsys, how):
+    """What no check before the commit sees: a pre-commit hook that takes a file out of the index, a
+    clean filter that rewrites the JSON. The committed tree is compared with the plan (git ls-tree)."""
+    src = tuned(tmp_path, "a", {1: 10.0})
+    prov = f"tuned_configs/{DEV.file_name}/provenance.json"
+    if how == "hook-drops-a-file":
+        hook = serving / ".git/hooks/pre-commit"
+        hook.write_text(f"#!/bin/sh\ngit rm -q --cached -- '{prov}'\n")
+        hook.chmod(0o755)
+        says = f"1 of the 4 planned files are not in it ({prov})"
+    else:
+        _commit_file(serving, ".gitattributes", "*.json filter=lower\n")
+        git(serving, "config", "filter.lower.clean", "tr A-Z a-z")
+        says = "hold other bytes than planned"
+    before = _state(serving)
+    rc = main(["publish", "--to", str(serving), "--from", str(src)])
+    line = _one_line(capsys, rc, "the commit is not what publish planned: ")
+    assert says in line and line.endswith("the serving repo is put back as it was")
+    assert _state(serving) == before and git(serving, "branch", "--list") == "* main"
+
+
+def test_the_count_said_is_the_files_committed(tmp_path, serving, capsys):
+    assert main(["publish", "--to", str(serving), "--from", str(tuned(tmp_path, "a", {1: 10.0}))]) == 0
+    said = int(capsys.readouterr().out.split(" files")[0].rsplit(" ", 1)[1])
+    committed = git(serving, "diff-tree", "-r", "--name-only", "--no-commit-id", "HEAD").splitlines()
+    assert said == len(committed) == 4 and f"tuned_configs/{DEV.file_name}/validation.json" in committed
+
+
+def test_a_folder_changed_after_its_validation_is_refused(tmp_path, serving, capsys):
+    """validation.json named no hashes: any passing one was accepted for whatever the folder held."""
+    src = tuned(tmp_path, "a", {1: 10.0})
+    cfg = src / "configs/triton_3_6_0" / UP
+    cfg.write_text(json.dumps({"1": B}))                 # a hand edit after the gate
+    (src / "notes.json").write_text("{}")                 # and a file the gate never saw
+    before = _state(serving)
+    line = _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]), "judged other bytes than")
+    assert f"configs/triton_3_6_0/{UP} changed" in line and "notes.json not judged" in line
+    assert _state(serving) == before
+
+
+def test_a_validation_that_names_no_hashes_is_refused(tmp_path, serving, capsys):
+    src = tuned(tmp_path, "a", {1: 10.0})
+    record = json.loads((src / "validation.json").read_text())
+    del record["judged"]                                    # as every validation.json was written before
+    (src / "validation.json").write_text(json.dumps(record))
+    _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
+              "names no sha256 of the files it judged")
+
+
+def test_a_cpu_interpreter_validation_is_refused(tmp_path, serving, capsys):
+    src = validated(tuned(tmp_path, "a", {1: 10.0}), validated_on="cpu-interpreter")
+    _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
+              "was measured on cpu-interpreter, not a GPU")
+
+
+def test_a_replay_folder_is_never_published_as_gpu_validated(tmp_path, serving, capsys):
+    """A replay folder with a passing validation.json (the committed H200 one copied in) was published
+    as "gate passed: 12 judged points"."""
+    import shutil
+    from dataclasses import replace
+    from pathlib import Path
+
+    replay = replace(DEV, kind="replay")
+    src = tuned(tmp_path, "a", {1: 10.0}, device=replay)          # validated, hashes and all
+    before = _state(serving)
+    _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
+              "configs were measured by replay, not on a GPU")
+    shutil.copy(Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200/validation.json", src)
+    _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
+              "configs were measured by replay, not on a GPU")
+    assert _state(serving) == before

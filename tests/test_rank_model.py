@@ -5,8 +5,11 @@ import json
 import pytest
 
 from autotune.cli import main
+from pathlib import Path
+
+from autotune import models
 from autotune.models import PRESETS, ModelError
-from autotune.validate.rank_model import qwen35_hf_config, rank_config
+from autotune.validate.rank_model import preset_hf_config, qwen35_hf_config, rank_config
 
 FULL = qwen35_hf_config(PRESETS["qwen3.5-397b-a17b"])
 
@@ -111,3 +114,96 @@ def test_layers_up_to_the_models_own_count_are_kept_and_more_refused():
     assert rank_config(FULL, 8, layers=1)["text_config"]["num_hidden_layers"] == 1
     with pytest.raises(ModelError, match=f"--layers {full + 1} is above the model's {full} layers"):
         rank_config(FULL, 8, layers=full + 1)
+
+
+# --- one derivation: the rank runs the problem `shapes` lists -------------------------------------
+
+STYLES = Path(__file__).parent / "data/model_configs"
+# What each model family's transformers config class calls the routed-expert count and the expert
+# FFN width (read from transformers' own classes, not from autotune's table of names).
+EXPERT_KEYS = {"mixtral": ("num_local_experts", "intermediate_size"),
+               "gpt_oss": ("num_local_experts", "intermediate_size"),
+               "llama4_text": ("num_local_experts", "intermediate_size"),
+               "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
+               "qwen3_5_moe_text": ("num_experts", "moe_intermediate_size"),
+               "qwen3_next": ("num_experts", "moe_intermediate_size")}
+
+
+def _full(name):
+    """(the model `shapes` reads, its full config.json) for a preset or a config fixture."""
+    if name in PRESETS:
+        return PRESETS[name], preset_hf_config(PRESETS[name])
+    path = STYLES / f"{name}.config.json"
+    return models.model_from_hf_config(path), json.loads(path.read_text())
+
+
+MODELS = [*PRESETS, *sorted(p.name.removesuffix(".config.json") for p in STYLES.glob("*.config.json"))]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("name", MODELS)
+def test_a_rank_runs_the_problem_shapes_lists(tmp_path, name, tp):
+    """Read back by transformers' own config class, the rank's expert count, expert width, hidden size
+    and top-k are the fused-MoE problem `shapes --tp T` lists for the model (Mixtral, GPT-OSS and
+    Llama-4 call the expert width intermediate_size: the rank kept 14336 where shapes said 1792)."""
+    from transformers import AutoConfig
+
+    model, hf = _full(name)
+    (expected,) = models.expand([model], tps=(tp,), dtypes=("bf16",)).problems
+    (tmp_path / "config.json").write_text(json.dumps(rank_config(hf, tp)))
+    c = AutoConfig.from_pretrained(tmp_path)
+    t = getattr(c, "text_config", None) or c
+    experts, width = EXPERT_KEYS[t.model_type]
+    assert (getattr(t, experts), getattr(t, width), t.hidden_size, t.num_experts_per_tok) == \
+        (expected.E, expected.N, expected.K, expected.top_k)
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in PRESETS])
+def test_dense_layers_are_split_too_and_mla_keeps_its_head_sizes(name):
+    """A rank holds 1/tp of every MLP: the dense layers' width (DeepSeek's first layers, Llama-4's
+    intermediate_size_mlp) as well; DeepSeek's latent attention gets no head_dim of ours."""
+    _, hf = _full(name)
+    full = hf.get("text_config", hf)
+    rank = rank_config(hf, 8)
+    t = rank.get("text_config", rank)
+    for key in ("intermediate_size", "intermediate_size_mlp"):
+        if key in full:
+            assert t[key] == full[key] // 8, key
+    assert ("head_dim" in t) == ("head_dim" in full or "qk_nope_head_dim" not in full)
+
+
+def test_cli_mixtral_rank_says_the_problem_it_runs(tmp_path, capsys):
+    out = tmp_path / "rank"
+    assert main(["rank-model", "--model-config", str(STYLES / "mixtral-8x7b.config.json"), "--tp", "8",
+                 "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "E=8 experts x N=1792 (intermediate_size per rank), K=4096, top_k 2" in line and "None" not in line
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 1792
+
+
+def test_fp8_block_on_a_model_of_another_layout_is_one_line(tmp_path, capsys):
+    """--fp8-block declares Qwen's block-FP8 layout; on Mixtral it was a KeyError traceback."""
+    out = tmp_path / "rank"
+    assert main(["rank-model", "--model-config", str(STYLES / "mixtral-8x7b.config.json"), "--tp", "8",
+                 "--fp8-block", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fp8-block declares the layout of Qwen's block-FP8 checkpoints" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_harness_times_the_problem_shapes_lists(name):
+    from autotune.validate.harness import HarnessModel, layer_shapes
+
+    model, _ = _full(name)
+    (expected,) = models.expand([model], tps=(8,), dtypes=("bf16",)).problems
+    assert layer_shapes(HarnessModel(model), 8).problem == expected
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in PRESETS])
+def test_install_reads_the_expert_count_shapes_reads(tmp_path, name):
+    from autotune.export.install import model_facts
+
+    model, hf = _full(name)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert model_facts(str(tmp_path)).experts == model.num_experts

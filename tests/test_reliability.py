@@ -22,8 +22,8 @@ FULL_SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
 
 
 def _cache_header(name="NVIDIA B200", sm=100) -> str:
-    return json.dumps({"kind": "autotune-measurement-cache", "version": 1, "device": {"name": name, "sm": sm},
-                       "problems": {}, "notes": {}}) + "\n"
+    return json.dumps({"kind": "autotune-measurement-cache", "version": 1, "device": {
+        "name": name, "sm": sm, "smem_optin": 232448, "versions": {"triton": "3.6.0"}}, "problems": {}, "notes": {}}) + "\n"
 
 
 def _gz(path: Path, text: str) -> Path:
@@ -35,6 +35,25 @@ def _gz(path: Path, text: str) -> Path:
 def _run(t, *extra, replay=True, bs="8"):
     return [*RUN, "--out", str(t / "out"), "--storage", f"sqlite:///{t / 'a.db'}",
             *(["--replay", str(GRID)] if replay else []), *(["--batch-sizes", bs] if bs else []), *extra]
+
+
+def _kernels(argv: list, kernels: str) -> list:
+    """`argv` with --kernels KERNELS in place of its own (a flag given twice is refused)."""
+    i = argv.index("--kernels")
+    return [*argv[:i + 1], kernels, *argv[i + 2:]]
+
+
+def _without(argv: list, *flags) -> list:
+    """`argv` less each of `flags` and its value."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 def _tuned(t, corrupt=None):
@@ -87,13 +106,13 @@ CASES = {
     "workers-zero": (lambda t: _run(t, "--workers", "0"), 2, "--workers must be at least 1"),
     "trials-zero": (lambda t: _run(t, "--trials", "0"), 2, "--trials must be at least 1"),
     "budget-unreadable": (lambda t: _run(t, "--budget", "soon"), 2, "--budget"),
-    "kernel-unknown": (lambda t: _run(t) + ["--kernels", "fp3_gemm"], 2, "unknown kernel family 'fp3_gemm'"),
-    "out-is-a-file": (lambda t: [*_run(t)[:-6], "--out", _write(t / "f", "x"), "--storage", f"sqlite:///{t}/a.db",
+    "kernel-unknown": (lambda t: _kernels(_run(t), "fp3_gemm"), 2, "unknown kernel family 'fp3_gemm'"),
+    "out-is-a-file": (lambda t: [*_run(t)[:-8], "--out", _write(t / "f", "x"), "--storage", f"sqlite:///{t}/a.db",
                                  "--replay", str(GRID), "--batch-sizes", "8"], 2, "is not writable"),
     "json-is-a-folder": (lambda t: _run(t, "--json", str(t)), 2, "is a folder"),
     "no-gpu-no-replay": (lambda t: _run(t, replay=False), 2, "no GPU visible and no --replay"),
     "sglang-version-unknown": (lambda t: _run(t, "--sglang-version", "0.4.0"), 2, "0.4.0"),
-    "storage-not-a-database": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+    "storage-not-a-database": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                           f"sqlite:///{_write(t / 'x.db', 'not a database')}", "--replay", str(GRID),
                                           "--batch-sizes", "8"], 2, "x.db"),
     "publish-validation-malformed": (lambda t: ["publish", "--to", str(_serving(t)), "--from",
@@ -111,8 +130,8 @@ CASES = {
     "dtype-unknown": (lambda t: ["shapes", "--dtype", "fp4"], 2, "unknown dtype"),
     "config-no-moe-fields": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
         {"hidden_size": 4096, "intermediate_size": 11008}))], 2, "no MoE fields"),
-    "skip-backend-unknown": (lambda t: _run(t, bs=None)[:-6] + [
-        "--kernels", "moe_bf16", "--replay", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"),
+    "skip-backend-unknown": (lambda t: _kernels(_run(t, bs=None)[:-6], "moe_bf16") + [
+        "--replay", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"),
         "--skip-backends", "flashinfer_cutlas"], 2, "unknown backend 'flashinfer_cutlas'"),
     "rank-model-tp-does-not-split": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "3", "--out",
                                                 str(t / "rank")], 2, "does not split"),
@@ -128,14 +147,15 @@ CASES = {
     "warm-start-other-family": (lambda t: _run(t, "--warm-start", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz")),
                                 2, "holds no triton_moe measurements to start from"),
     "warm-start-missing": (lambda t: _run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
-    "only-drifted-no-provenance": (lambda t: _run(t, "--only-drifted", str(_dir(t / "folder"))), 2,
+    "only-drifted-no-provenance": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))),
+                                                      "--model", "--tp", "--dtype", "--batch-sizes"), 2,
                                    "--only-drifted: "),
-    "storage-read-only": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+    "storage-read-only": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                      f"sqlite:///file:{_sqlite_db(t / 'ro.db')}?mode=ro&uri=true", "--replay", str(GRID),
-                                     "--batch-sizes", "8"], 2, "cannot be written"),
-    "storage-read-only-studies": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+                                     "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
+    "storage-read-only-studies": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                              f"sqlite:///file:{_optuna_db(t / 'ro.db')}?mode=ro&uri=true", "--replay",
-                                             str(GRID), "--batch-sizes", "8"], 2, "cannot be written"),
+                                             str(GRID), "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
     # issue 23: inputs none of the rows above named, each now refused by construction
     "config-text-config-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
         {"text_config": [1, 2]}))], 2, "text_config holds a list, not a JSON object"),
@@ -204,10 +224,10 @@ CASES = {
                                               2, "--server-args is not a list of arguments (no closing quotation)"),
     "validate-python-missing": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(t), "--configs", str(t),
                                            "--python", str(t / "nope" / "python")], 2, "--python must name an executable"),
-    "storage-foreign-tables": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+    "storage-foreign-tables": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                           f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}", "--replay", str(GRID),
                                           "--batch-sizes", "8"], 2, "holds tables that are not Optuna's (mine)"),
-    "storage-old-schema": (lambda t: [*_run(t)[:-6], "--out", str(t / "out"), "--storage",
+    "storage-old-schema": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                       f"sqlite:///{_old_optuna_db(t / 'old.db')}", "--replay", str(GRID),
                                       "--batch-sizes", "8"], 2, "is an Optuna storage without its tables"),
     "export-storage-empty": (lambda t: [*EXPORT, "--storage", f"sqlite:///{t / 'none.db'}", "--out", str(t / "out")], 2,
@@ -255,7 +275,7 @@ CASES = {
                                          "logs: not a writable file"),
     "replay-triton-version-a-path": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d["versions"].update(triton="3.6.0/../../x")))], 2,
-        "its device versions.triton '3.6.0/../../x' is not a plain name"),
+        "its header's device.versions.triton: '3.6.0/../../x' is not a Triton version"),
     "batch-sizes-underscore": (lambda t: _run(t, bs="8_0"), 2, "--batch-sizes must be a comma-separated list of integers, got '8_0'"),
     "batch-sizes-trailing-comma": (lambda t: _run(t, bs="8,"), 2, "--batch-sizes has an empty entry in '8,'"),
     "count-other-digits": (lambda t: _run(t, "--trials", "\uff18"), 2, "--trials must be an integer"),
@@ -265,10 +285,10 @@ CASES = {
     "replay-spread-nan": (lambda t: _run(t, replay=False) + ["--replay", str(_records_changed(
         t, lambda r: r.update(spread=float("nan")) if r["status"] == "ok" else None))], 2,
         "measurement spread must be a finite non-negative number, got nan"),
-    "kernels-only-commas": (lambda t: _run(t) + ["--kernels", ","], 2, "--kernels names no kernel family (got ',')"),
-    "kernels-all-and-a-family": (lambda t: _run(t) + ["--kernels", "all,triton_moe"], 2,
+    "kernels-only-commas": (lambda t: _kernels(_run(t), ","), 2, "--kernels names no kernel family (got ',')"),
+    "kernels-all-and-a-family": (lambda t: _kernels(_run(t), "all,triton_moe"), 2,
                                  "'all' is every family, on its own"),
-    "kernels-repeated": (lambda t: _run(t) + ["--kernels", "triton_moe,triton_moe"], 2,
+    "kernels-repeated": (lambda t: _kernels(_run(t), "triton_moe,triton_moe"), 2,
                          "--kernels lists triton_moe twice"),
     "block-fp8-shape-sglang-refuses": (lambda t: ["run", "--model-config", _write(t / "config.json", json.dumps(
         {**MOE_CONFIG, "moe_intermediate_size": 100})), "--tp", "1", "--dtype", "fp8_w8a8_block", "--kernels",
@@ -328,7 +348,86 @@ CASES = {
         str(t / "rank")], 2, "--layers 49 is above the model's 48 layers (num_hidden_layers)"),
     "rank-model-tp-absurd": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "5000", "--out",
                                         str(t / "rank")], 2, "--tp must be at most 1024, got 5000"),
+    # issue 37: inputs parsed by the library that owns their format
+    "storage-query-string-hid-the-file": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+                                                     f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}?timeout=30",
+                                                     "--replay", str(GRID), "--batch-sizes", "8"], 2,
+                                          "mine.db?timeout=30 holds tables that are not Optuna's (mine)"),
+    "replay-header-no-versions": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d.pop("versions")))], 2, "its header's device.versions: Field required"),
+    "replay-header-no-smem-optin": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d.pop("smem_optin")))], 2, "its header's device.smem_optin: Field required"),
+    "replay-header-triton-a-number": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d["versions"].update(triton=3.6)))], 2, "its header's device.versions.triton: Input should be a valid string"),
+    "replay-header-name-newline": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d.update(name="NVIDIA\nH200")))], 2, "its header's device.name: 'NVIDIA\\nH200' is not a plausible CUDA device name"),
+    "replay-header-name-tab": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+        t, lambda d: d.update(name="NVIDIA\tH200")))], 2, "its header's device.name: 'NVIDIA\\tH200' is not a plausible CUDA device name"),
+    "space-block-k-not-a-power-of-two": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "BLOCK_SIZE_K: [", "BLOCK_SIZE_K: [48, "))), 2, "BLOCK_SIZE_K must hold powers of two, got 48"),
+    "space-num-warps-three": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+        "num_warps: [", "num_warps: [3, "))), 2, "num_warps must hold powers of two, got 3"),
+    "model-and-model-config": (lambda t: ["shapes", "--model", "qwen3.5-35b-a3b", "--model-config",
+                                          _write(t / "config.json", json.dumps(MOE_CONFIG))], 2,
+                               "--model and --model-config exclude each other: give one"),
+    "shapes-and-model": (lambda t: _run(t, "--shapes", "qwen3-next"), 2, "--model and --shapes exclude each other"),
+    "replay-given-twice": (lambda t: _run(t, "--replay", str(GRID)), 2,
+                           "--replay is given twice: give it once (the second replaced the first)"),
+    "dtype-empty": (lambda t: ["shapes", "--dtype", ""], 2, "--dtype has an empty entry in ''"),
+    "model-empty": (lambda t: ["shapes", "--model", ""], 2, "--model must name a value, got ''"),
+    "replay-realtime-without-replay": (lambda t: _run(t, "--replay-realtime", "2", replay=False), 2,
+                                       "--replay-realtime needs --replay (it paces a replay's answers)"),
+    "target-device-and-replay": (lambda t: _run(t, "--dry-run", "--target-device", "NVIDIA H200"), 2,
+                                 "--target-device and --replay exclude each other (both name the device)"),
+    "only-drifted-and-tp": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))), "--model"), 2,
+                            "--only-drifted and --tp exclude each other"),
+    "only-drifted-and-model": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))), "--tp", "--dtype",
+                                                  "--batch-sizes"), 2, "--model and --only-drifted exclude each other"),
+    "check-no-retime-and-batch-sizes": (lambda t: ["check", str(ROOT / "tuned_configs/NVIDIA_H200"), "--no-retime",
+                                                   "--batch-sizes", "8"], 2,
+                                        "--no-retime and --batch-sizes exclude each other"),
+    "merge-caches-same-recording-twice": (lambda t: ["merge-caches", str(GRID), f"{GRID.parent}/./{GRID.name}", "-o",
+                                                     str(t / "m.jsonl.gz")], 2, f"caches names {str(GRID)!r} twice"),
+    "worker-gpu-and-gpus": (lambda t: ["worker", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16",
+                                       "--replay", str(GRID), "--storage", f"sqlite:///{t / 'a.db'}", "--gpus", "0",
+                                       "--gpu", "1"], 2, "--gpu is given with --gpus, which sets the same: give one"),
+    "gpus-listed-twice": (lambda t: _run(t, "--gpus", "0,0"), 2, "--gpus lists a GPU twice in '0,0'"),
+    "search-space-without-its-family": (lambda t: _kernels(_run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE)),
+                                                           "fp8_gemm"), 2,
+                                        "--search-space is read by triton_moe, which --kernels fp8_gemm does not run"),
+    "checkpoint-of-a-family-not-run": (lambda t: _run(t, "--checkpoint", "moe_bf16"), 2,
+                                       "--checkpoint moe_bf16 names a family --kernels triton_moe does not run"),
+    "provenance-file-name-newline": (lambda t: _check_edited(t, lambda prov: prov["files"].update(
+        {"E=512,N=128,device_name=NVIDIA_H200\n.json": prov["files"].popitem()[1]})), 2,
+        "'E=512,N=128,device_name=NVIDIA_H200\\n.json' is not a plain file name (printable ASCII, no control character)"),
+    "provenance-down-file-tab": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        down_file="E=512\t_down.json")), 2, "down_file: 'E=512\\t_down.json' is not a plain file name"),
+    "provenance-overlay-path-newline": (lambda t: _check_edited(t, lambda prov: prov["shipped_overlay"]["files"].insert(
+        0, "configs/triton_3_1_0/x\n.json")), 2, "shipped_overlay.files.0: 'configs/triton_3_1_0/x\\n.json' is not a plain file name"),
+    "provenance-measured-on-newline": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        measured_on="gpu\nreplay")), 2, "measured_on: Input should be 'gpu', 'replay', 'cpu-interpreter' or 'planned'"),
+    "provenance-sglang-version-newline": (lambda t: _check_edited(t, lambda prov: _first_entry(prov).update(
+        sglang_versions=["0.5.23\n0.5.16"])), 2, "sglang_versions.0: '0.5.23\\n0.5.16' is not a version"),
+    "provenance-driver-control-character": (lambda t: _check_edited(t, lambda prov: prov["device"].update(
+        driver="580.1\r")), 2, "device.driver: '580.1\\r' holds a control character"),
+    "provenance-version-not-text": (lambda t: _check_edited(t, lambda prov: prov["device"]["versions"].update(
+        triton=3.6)), 2, "device.versions.triton: 3.6 is not text"),
 }
+
+
+def _first_entry(prov: dict) -> dict:
+    return next(iter(prov["files"].values()))
+
+
+def _check_edited(t: Path, edit) -> list:
+    """check of a copy of the committed H200 folder whose provenance.json `edit(provenance)` changed."""
+    import shutil
+    folder = t / "NVIDIA_H200"
+    shutil.copytree(ROOT / "tuned_configs/NVIDIA_H200", folder)
+    prov = json.loads((folder / "provenance.json").read_text())
+    edit(prov)
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    return ["check", str(folder), "--no-retime"]
 
 
 def _install(t: Path, *extra, tp="2", server_args=None) -> list:
@@ -692,7 +791,7 @@ def test_a_recording_is_read_whatever_its_name(tmp_path, capsys):
 def test_a_storage_password_is_never_printed(tmp_path, capsys, url):
     """A password holding '@' or '/', or given as a query parameter, was printed (whole, or the part
     the driver's error quoted)."""
-    assert main(_run(tmp_path)[:-6] + ["--out", str(tmp_path / "out"), "--storage", url,
+    assert main(_run(tmp_path)[:-8] + ["--out", str(tmp_path / "out"), "--storage", url,
                                       "--replay", str(GRID), "--batch-sizes", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("autotune: error:") == 1 and "postgresql://bob" in err, err

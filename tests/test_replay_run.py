@@ -74,7 +74,7 @@ def test_json_summary_says_what_was_tuned_and_written(first_run):
 def test_rerun_resumes_without_remeasuring(first_run, capsys):
     capsys.readouterr()
     assert _run(first_run, "--trials", "6") == 0
-    assert "(0 new)" in capsys.readouterr().out
+    assert "(0 device measurements by this run" in capsys.readouterr().out
     assert _prov(first_run)["run"]["measured_this_run"] == 0
 
 

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from autotune.cli import main
 from autotune.validate.server_arms import INSTANCE_SPREAD, comparisons, evidence, instance_spread, read_runs, table
@@ -50,7 +51,8 @@ def test_a_tuned_run_that_loaded_other_files_is_refused(tmp_path, capsys):
     folder = tmp_path / "folder"
     shutil.copytree(Path(__file__).resolve().parent.parent / TUNED, folder / TUNED)
     before = (folder / TUNED / "validation.json").read_bytes()
-    rc = main(["validate", "--engine", "sglang", "--from-runs", str(runs), "--configs", str(folder / TUNED)])
+    # --force: even where the validation there may be replaced, runs that contradict their arm write nothing
+    rc = main(["validate", "--engine", "sglang", "--from-runs", str(runs), "--configs", str(folder / TUNED), "--force"])
     assert rc == 2 and "did not load the tuned folder" in capsys.readouterr().err
     assert (folder / TUNED / "validation.json").read_bytes() == before
 
@@ -209,3 +211,164 @@ def test_runs_with_one_start_per_arm_fail_the_gate_as_not_judged(tmp_path, capsy
         capsys.readouterr().out
     rec = json.loads((out / "validation.json").read_text())
     assert not rec["gate"]["passed"] and {c["verdict"] for c in rec["comparisons"]} == {"not judged"}
+
+
+# --- --from-runs replaces only a validation of the same runs; report.md travels --------------------
+
+VALIDATE_FILES = ("validation.json", "report.md", "validation.png")
+
+
+def _copy_committed(tmp_path, folder=TUNED) -> Path:
+    dst = tmp_path / folder
+    shutil.copytree(ROOT / folder, dst)
+    return dst
+
+
+def test_the_readmes_from_runs_command_does_not_replace_a_validation_of_other_runs(tmp_path, capsys, monkeypatch):
+    """README's `validate --from-runs ARCHIVE --configs tuned_configs/sglang-0.5.16/NVIDIA_H200 --gate` with
+    one of the three archives rewrote the committed validation.json (its block-FP8 rows gone), report.md
+    and validation.png, exit 0. Refused in one line, before any run is read; --force replaces them."""
+    configs = _copy_committed(tmp_path)
+    before = {n: (configs / n).read_bytes() for n in VALIDATE_FILES}
+    monkeypatch.chdir(tmp_path)
+    argv = ["validate", "--engine", "sglang", "--from-runs", str(RUNS_016[0]), "--configs", TUNED, "--gate"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made from other runs (h200_sglang016_arms_2026-12-02.tgz, " in err[0], err
+    assert "--from-runs replaces only a validation of the same runs" in err[0] and "--force" in err[0]
+    assert {n: (configs / n).read_bytes() for n in VALIDATE_FILES} == before
+    assert main(argv + ["--force"]) == 0
+    rec = json.loads((configs / "validation.json").read_text())
+    assert rec["settings"]["runs"] == [str(RUNS_016[0])] and len(rec["comparisons"]) == 24
+
+
+def test_a_validation_of_the_same_runs_is_made_again_with_the_same_judgement(tmp_path, capsys, monkeypatch):
+    """The command that made the committed validation, run again into its folder: the same runs, so it
+    may replace it, and every judged number is what the committed record holds."""
+    configs = _copy_committed(tmp_path)
+    committed = tmp_path / "committed.json"
+    shutil.copy(configs / "validation.json", committed)
+    monkeypatch.chdir(tmp_path)
+    argv = ["validate", "--engine", "sglang", *[a for r in RUNS_016 for a in ("--from-runs", str(r))],
+            "--configs", TUNED, "--gate"]
+    assert main(argv) == 0, capsys.readouterr().err
+    rec = _judged_as_committed(configs, committed)
+    assert rec["judged"] == json.loads(committed.read_text())["judged"]
+
+
+def test_validation_records_the_bytes_it_judged_and_how_they_were_measured():
+    """Each committed validation names the sha256 of every file of its folder, and the folder is still
+    those bytes; the SGLang 0.5.16 folder's configs were chosen by a replay, the 0.5.23 one's on the H200."""
+    from autotune.validate.judged import folder_sha256, tree_sha256
+
+    for folder, kind, runs in ((TUNED, "replay", RUNS_016), ("tuned_configs/NVIDIA_H200", "gpu", [RUNS_023])):
+        rec = json.loads((ROOT / folder / "validation.json").read_text())
+        assert rec["judged"]["sha256"] == folder_sha256(ROOT / folder), folder
+        assert rec["judged"]["measured_on"] == kind and rec["judged"]["validated_on"] == "gpu"
+        assert rec["settings"]["runs_sha256"] == [tree_sha256(r) for r in runs]
+        assert "configs/triton_3_6_0/E=512,N=128,device_name=NVIDIA_H200.json" in rec["judged"]["sha256"]
+
+
+# An absolute path where report.md could hold one: after a space, a quote, a bracket, '=' or 'file:///'
+ABSOLUTE = __import__("re").compile(r"(?:^|(?<=[\s`'\"(\[=])|(?<=:///))/[\w.~-]")
+
+
+def test_report_md_holds_no_absolute_path(tmp_path, capsys):
+    """Given absolute paths, and quoting SGLang's log lines of another machine, report.md still names no
+    absolute path (it travels into the serving repo); validation.json keeps the log lines whole."""
+    out = tmp_path / "out"
+    assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs",
+                 str(ROOT / "tuned_configs/NVIDIA_H200"), "--out", str(out), "--gate"]) == 0
+    report = (out / "report.md").read_text()
+    assert ABSOLUTE.findall(report) == [] and str(tmp_path) not in report
+    link = report.split("From [provenance.json](")[1].split(")")[0]          # relative, and it resolves
+    assert (out / link).resolve() == ROOT / "tuned_configs/NVIDIA_H200/provenance.json"
+    assert "tuned (`tuned_configs/NVIDIA_H200`)" in report          # the folder as a user in the checkout names it
+    assert "…/NVIDIA_H200/configs/triton_3_6_0/E=512,N=128,device_name=NVIDIA_H200.json" in report
+    rec = json.loads((out / "validation.json").read_text())
+    assert any(line.startswith("[") and "/tuned_configs/NVIDIA_H200/configs/" in line
+               for r in rec["runs"] for line in r["evidence"]["lines"])
+    for committed in ("tuned_configs/NVIDIA_H200/report.md", f"{TUNED}/report.md"):
+        assert ABSOLUTE.findall((ROOT / committed).read_text()) == [], committed
+
+
+def test_the_committed_validations_publish_as_their_folders_are(tmp_path, capsys):
+    """The committed H200 folder (measured on the GPU, validated by SGLang 0.5.23's runs) publishes as it
+    is; the SGLang 0.5.16 folder, whose configs a replay chose, is refused whatever its gate says."""
+    import subprocess
+
+    repo = tmp_path / "serving"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "init"], check=True)
+    assert main(["publish", "--to", str(repo), "--from", str(ROOT / TUNED), "--branch", "t516"]) == 2
+    assert "configs were measured by replay, not on a GPU" in capsys.readouterr().err
+    assert main(["publish", "--to", str(repo), "--from", str(ROOT / "tuned_configs/NVIDIA_H200")]) == 0, \
+        capsys.readouterr().err
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet="/ab.~-_ `'\"()[]=:…\n", max_size=12),
+                          st.sampled_from(["/tmp/x", "sqlite:////tmp/a.db", "https://github.com/a/b", "(/a/b/c/d/e/f)",
+                                           "E=1,block_shape=[128, 128].json", "../rel/x", "n/a", "tok/s"])), max_size=8))
+def test_portable_leaves_no_absolute_path_and_keeps_what_is_not_one(parts):
+    """report.md's one rule for paths: no absolute path survives, a second pass changes nothing, and
+    URLs, relative paths and ratios are left as they were."""
+    from autotune.validate.report import portable
+
+    text = "".join(parts)
+    out, _ = portable(text)
+    assert not __import__("re").search(r"(?:^|(?<=[\s`'\"(\[=]))/[\w.~-]", out), (text, out)
+    assert portable(out) == (out, False)
+    for kept in ("https://github.com/a/b", "../rel/x", "n/a", "tok/s"):
+        if text == kept:
+            assert out == kept
+
+
+def test_a_folder_changed_while_it_is_validated_gets_no_validation(tmp_path, capsys, monkeypatch):
+    """The judged bytes are read before any run and again before anything is written: a file changed in
+    between (a run writing into the folder meanwhile) would be judged half old, half new."""
+    import autotune.validate.server_arms as arms
+
+    configs = _copy_committed(tmp_path, "tuned_configs/NVIDIA_H200")
+    real = arms.read_runs
+
+    def read_and_touch(folder, tuned):
+        (configs / "server_args.yaml").write_text("moe-runner-backend: triton\n")
+        return real(folder, tuned)
+
+    monkeypatch.setattr(arms, "read_runs", read_and_touch)
+    out = tmp_path / "out"
+    assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs", str(configs),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("server_args.yaml changed): nothing written; validate it again") and len(err) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_validations_three_files_change_as_one(tmp_path, capsys, monkeypatch, failing):
+    """validation.json, validation.png and report.md: where any one cannot be written, none is replaced
+    (a new record beside an old report was possible)."""
+    import errno
+    import hashlib
+
+    from autotune import fsutil
+
+    configs = _copy_committed(tmp_path)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in configs.iterdir() if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    real, writes = fsutil.atomic_file, []
+
+    def failing_write(path):
+        if ".validate-staged-" in str(path):
+            writes.append(path)
+            if len(writes) == failing:
+                raise fsutil.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
+        return real(path)
+    monkeypatch.setattr(fsutil, "atomic_file", failing_write)
+    argv = ["validate", "--engine", "sglang", *[a for r in RUNS_016 for a in ("--from-runs", str(r))],
+            "--configs", TUNED, "--gate", "--force"]
+    assert main(argv) != 0
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in configs.iterdir() if p.is_file()} == before
+    assert not list(configs.glob(".validate-staged-*"))

@@ -18,7 +18,7 @@ import uuid
 import optuna
 import pytest
 
-from tests.conftest import GRID, ROOT
+from tests.conftest import GRID, ROOT, wait_for_trials
 
 pytestmark = pytest.mark.slow      # subprocess runs and workers, PostgreSQL, kill/resume
 
@@ -37,8 +37,8 @@ def autotune(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def worker(study, trials, realtime, *extra):
-    return autotune("worker", *PROBLEM, "--batch-sizes", "1,8", "--replay", str(GRID), "--replay-realtime",
+def worker(study, trials, realtime, *extra, batch_sizes="1,8"):
+    return autotune("worker", *PROBLEM, "--batch-sizes", batch_sizes, "--replay", str(GRID), "--replay-realtime",
                     str(realtime), "--storage", PG, "--study", study, "--trials", str(trials), "--heartbeat", "1",
                     "--quiet", *extra)
 
@@ -67,29 +67,6 @@ def measurements_in(url):
         return _count(storage)
     except Exception:
         return 0
-
-
-def finished_trials(db_path) -> int:
-    """COMPLETE trials in a SQLite study file, by one read-only query: cheap enough to poll while
-    the run writes (loading every study twice a second kept its writer waiting on the database
-    lock; on a slow CI machine the run made under 40 measurements in 400 s)."""
-    import sqlite3
-
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.2)) as c:
-            return c.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
-    except sqlite3.Error:          # not created yet, or locked this instant
-        return 0
-
-
-def wait_for_trials(proc, db_path, n: int, what: str, timeout: float = 400) -> None:
-    """Until the run has stored `n` COMPLETE trials while still running (the storage is the only
-    signal a run gives mid-search), at most `timeout` s: a loaded 2-core machine starts slowly."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and finished_trials(db_path) < n:
-        assert time.monotonic() < deadline, f"{what}: fewer than {n} trials in {timeout:.0f} s"
-        time.sleep(0.2)
-    assert proc.poll() is None, f"{what}: the run ended before {n} trials were stored"
 
 
 def _count(storage):
@@ -239,13 +216,13 @@ def test_a_trial_left_running_without_a_heartbeat_is_retried_not_waited_on_forev
     """A process killed between asking a trial and its first heartbeat leaves a RUNNING trial that
     Optuna never calls stale; the study must still finish with its budget, in bounded time."""
     study = f"nohb-{uuid.uuid4().hex[:8]}"
-    first = worker(study, 4, 0.0, "--batch-sizes", "1")
+    first = worker(study, 4, 0.0, batch_sizes="1")
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 0, out
     ss = studies(study)
     orphan_study = next(s for n, s in ss.items() if "|gate_up|M=1" in n)
     orphan = orphan_study.ask()                    # RUNNING, no heartbeat: its process "died" here
-    second = worker(study, 5, 0.0, "--batch-sizes", "1")
+    second = worker(study, 5, 0.0, batch_sizes="1")
     out, _ = second.communicate(timeout=120)       # finishes: the orphan is not waited on forever
     assert second.returncode == 0, out
     s = studies(study)[orphan_study.study_name]

@@ -65,3 +65,35 @@ def test_sm120_limit_rejects_configs_sm90_admits():
     cfg = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
     assert fam.check(cfg, p, "gate_up", planned(90)) is None
     assert "shared memory" in fam.check(cfg, p, "gate_up", planned(120))
+
+
+@pytest.mark.parametrize("param,value,says", [
+    ("BLOCK_SIZE_K", 48, "BLOCK_SIZE_K must hold powers of two, got 48 (a tl.arange range and tl.dot's K)"),
+    ("BLOCK_SIZE_K", 8, "BLOCK_SIZE_K must hold powers of two from 16 to 1048576, got 8"),
+    ("BLOCK_SIZE_M", 24, "BLOCK_SIZE_M must hold powers of two, got 24 (a tl.arange range)"),
+    ("BLOCK_SIZE_N", 1 << 21, "BLOCK_SIZE_N must hold powers of two from 1 to 1048576, got 2097152"),
+    ("num_warps", 3, "num_warps must hold powers of two, got 3 (Triton's warps per program)"),
+    ("num_warps", 64, "num_warps must hold powers of two from 1 to 32, got 64"),
+    ("GROUP_SIZE_M", 0, "GROUP_SIZE_M must hold positive integers, got 0"),
+    ("num_stages", True, "num_stages must hold positive integers, got True"),
+    ("USE_TMA", 1, "USE_TMA must hold true/false, got 1"),
+])
+def test_a_space_value_the_kernel_does_not_take_is_refused_by_the_family(tmp_path, param, value, says):
+    """A value Triton never compiles made every candidate fail, and SGLang's own config was written
+    as the winner: the family's rules (TritonMoe.PARAMS) refuse it where the space is read."""
+    import yaml
+
+    doc = yaml.safe_load((spaces.SPACES_DIR / "triton_moe.yaml").read_text())
+    (doc["gemm_params"]["gate_up"] if param == "USE_TMA" else doc["params"])[param] = [value]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(spaces.SpaceError) as e:
+        TritonMoe(str(tmp_path / "s.yaml")).space(Problem(512, 128, 4096, 10, "bf16"), "gate_up", planned(90))
+    assert says in str(e.value)
+
+
+def test_an_8_bit_dot_needs_k_of_32():
+    fam, h200 = TritonMoe(), planned(90)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2}
+    assert "least K of Triton's 8-bit tl.dot" in fam.check(cfg, Problem(512, 128, 4096, 10, "fp8_w8a8"), "gate_up", h200)
+    assert fam.check(cfg, Problem(512, 128, 4096, 10, "bf16"), "gate_up", h200) is None

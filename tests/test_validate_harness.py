@@ -129,6 +129,10 @@ def test_harness_end_to_end_in_the_interpreter(harness_run, capsys):
     assert rec["engine"] == "harness" and h["label"] == "harness, not a model"
     assert "cpu-interpreter" in h["timing"] and "mean nothing about speed" in h["timing"]
     assert h["layer_kinds"] == ["linear", "full"] and h["layers_model"] == 2
+    # what it judged: the folder's files as they are, and numbers of the interpreter (publish refuses them)
+    from autotune.validate.judged import folder_sha256, publish_problem
+    assert rec["judged"]["sha256"] == folder_sha256(d) and rec["judged"]["validated_on"] == "cpu-interpreter"
+    assert "configs were measured by cpu-interpreter, not on a GPU" in publish_problem(d, rec)
     # both sides ran SGLang's loader: the tuned file on one side, SGLang's default heuristic on the other
     for M in ("1", "2"):
         used = rec["configs_used"][M]

@@ -40,8 +40,8 @@ def _triton_file(h200) -> str:
     return sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), h200)
 
 
-def _run(t, *extra, kernels="triton_moe", replay=GRID):
-    return ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", kernels, "--quiet",
+def _run(t, *extra, kernels="triton_moe", replay=GRID, model="qwen3.5-397b-a17b"):
+    return ["run", "--model", model, "--tp", "8", "--dtype", "bf16", "--kernels", kernels, "--quiet",
             "--trials", "2", "--batch-sizes", "8", "--replay", str(replay), "--out", str(t / "out"),
             "--storage", f"sqlite:///{t / 'a.db'}", *extra]
 
@@ -102,7 +102,7 @@ def test_a_failed_copy_leaves_no_partial_file(tmp_path, monkeypatch):
     assert not dst.exists() and not list(dst.parent.iterdir())
 
 
-def test_a_full_disk_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_mid_run_is_one_line_and_the_same_command_writes_without_measuring(tmp_path, capsys, monkeypatch):
     from autotune import fsutil
 
     real = fsutil.os.fsync
@@ -113,8 +113,14 @@ def test_a_full_disk_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
         return real(fd)
     monkeypatch.setattr(fsutil.os, "fsync", full)
     rc = main(_run(tmp_path))
-    assert "No space left on device" in _refused(capsys, rc)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 4 and len(err) == 1 and err[0].startswith("autotune: incomplete: "), (rc, err)
+    assert "No space left on device" in err[0] and "the same command redoes the step without measuring" in err[0]
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.stat().st_size == 0]
+    monkeypatch.setattr(fsutil.os, "fsync", real)              # the disk has room again
+    assert main(_run(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "(0 device measurements by this run" in out and "wrote " in out
 
 
 # --- backend choices: server_args.yaml keeps the user's lines ---------------------------------------
@@ -287,6 +293,6 @@ def test_a_run_with_nothing_to_tune_leaves_the_storage_as_it_was(tmp_path, capsy
     assert main(_run(tmp_path)) == 0
     db = tmp_path / "a.db"
     before = db.read_bytes(), db.stat().st_mtime_ns
-    rc = main(_run(tmp_path, "--model", "qwen3.5-35b-a3b"))
+    rc = main(_run(tmp_path, model="qwen3.5-35b-a3b"))
     assert "nothing to tune" in _refused(capsys, rc)
     assert (db.read_bytes(), db.stat().st_mtime_ns) == before

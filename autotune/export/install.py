@@ -37,6 +37,9 @@ class ModelFacts:
     found: bool = False                      # a local folder was read
     heads: int | None = None                 # attention heads (the language model's)
     experts: int | None = None               # routed experts, for a MoE model
+    # why SGLang's name of the checkpoint's quantization is unknown here: said only where --quantization
+    # is not given (with it, the user's name is the one the hash holds)
+    quantization_unknown: str | None = None
 
 
 def model_facts(model_path: str) -> ModelFacts:
@@ -62,8 +65,11 @@ def model_facts(model_path: str) -> ModelFacts:
     def count(key):          # a count the file gives as one (a bool or a string is none)
         v = text.get(key)
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-    return ModelFacts(cls, _quantization_name(q, cfg_path), True, count("num_attention_heads"),
-                      count(names["num_experts"]))
+    try:
+        quantization, unknown = _quantization_name(q, cfg_path), None
+    except InstallError as e:
+        quantization, unknown = None, str(e)
+    return ModelFacts(cls, quantization, True, count("num_attention_heads"), count(names["num_experts"]), unknown)
 
 
 def _quantization_name(q: dict | None, where) -> str | None:
@@ -101,6 +107,8 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     if not quantization_given:
         if not facts.found:
             raise InstallError(f"{model_path} is not a local model folder: pass --quantization (or 'none')")
+        if facts.quantization_unknown:
+            raise InstallError(facts.quantization_unknown)
         quantization = facts.quantization
     runner_from = None
     if moe_runner_backend is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import families as registry
 from ..choice import MIXES, ServerChoice
 from ..device import DeviceInfo, utc_now
+from ..folder_change import tuned_folder
 from ..fsutil import Files, json_bytes, json_with, write_all
 from .tactics import BLOCKLIST_FILE, CACHE_FILE
 from ..reading import load_json, parse_yaml, read_text
@@ -219,7 +220,7 @@ def _render_checked(details: dict, path: Path) -> str:
 
 def check_folder(out: str | Path, device: DeviceInfo) -> None:
     """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
-    folder = Path(out) / device.file_name
+    folder = tuned_folder(out, device)
     old = _existing(folder, device)
     if old:
         _render_checked({"date": "", **old}, folder / SERVER_ARGS)
@@ -231,7 +232,7 @@ def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str |
     """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) into
     `out`/<device>'s backend_choice.json, replacing those families and keeping the others, and render
     server_args.yaml from the result. Returns the YAML path."""
-    folder = Path(out) / device.file_name
+    folder = tuned_folder(out, device)
     write_all(_merged(folder, device, families, checkpoint))
     return folder / SERVER_ARGS
 
@@ -305,7 +306,7 @@ def check_merge(sources: list, out: str | Path) -> None:
                            "merge the folders of one GPU model at a time")
     for s, other in got:
         device = DeviceInfo.from_dict(other["device"])
-        folder = Path(out) / device.file_name
+        folder = tuned_folder(out, device)
         check_kinds(_existing(folder, device), other["families"], folder / DETAILS)
         _user_flags(folder / SERVER_ARGS)
 

@@ -20,6 +20,7 @@ from ..records import canonical
 from ..finalists import Choice
 from ..sglang_versions import config_problem, valid_releases
 from ..config_files import config_folder
+from ..folder_change import tuned_folder
 from .provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
 
@@ -28,7 +29,7 @@ class ExportError(ValueError):
 
 
 def config_dir(out: str | Path, device: DeviceInfo) -> Path:
-    return Path(out) / device.file_name / config_folder(device.versions.get("triton"))
+    return tuned_folder(out, device) / config_folder(device.versions.get("triton"))
 
 
 def _sglang_entry(config: dict) -> dict:
@@ -42,18 +43,29 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     from .overlay import broken_copies
 
     folder = config_dir(out, device)
-    prov = read_folder_provenance(Path(out) / device.file_name) or {"files": {}}
-    ours = ours_in(prov, Path(out) / device.file_name)
-    broken = [] if forced() else broken_copies(Path(out) / device.file_name)
+    # SGLang's per-Triton folders (ours and the shipped overlay's) and the folders above them
+    configs = tuned_folder(out, device) / "configs"
+    in_the_way = next((p for p in (folder, *folder.parents, *(configs.glob("triton_*") if configs.is_dir() else ()))
+                       if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        raise ExportError(f"{in_the_way} is a file where a folder of SGLang's config files goes: move it away")
+    prov = read_folder_provenance(tuned_folder(out, device)) or {"files": {}}
+    ours = ours_in(prov, tuned_folder(out, device))
+    broken = [] if forced() else broken_copies(tuned_folder(out, device))
     if broken:
         raise ExportError(f"{broken[0]}; not replaced (remove it: the run copies it again; or pass --force)"
                           + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
+    owner = (prov.get("device") or {}).get("name")
+    if prov["files"] and owner not in (None, device.name) and not forced():
+        raise ExportError(f"{tuned_folder(out, device) / PROVENANCE} names files tuned on {owner}; results of "
+                          f"{device.name} are not written into it (its entries would be dropped): choose another "
+                          "--out, or pass --force to replace them")
     tag = f"device_name={device.file_name}"
     for problem in problems:
         names = (sglang_file_name(problem, device), sglang_file_name(problem, device, down=True))
         entry = prov["files"].get(names[0], {})
         if entry and entry.get("measured_on") != device.kind:
-            raise ExportError(f"{Path(out) / device.file_name / PROVENANCE} holds {names[0]} measured on "
+            raise ExportError(f"{tuned_folder(out, device) / PROVENANCE} holds {names[0]} measured on "
                               f"'{entry.get('measured_on')}'; results measured on '{device.kind}' are not mixed "
                               "into it (choose another --out)")
         for name in names:
@@ -61,7 +73,7 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
                 n = name.replace(tag, f"device_name={sku.replace(' ', '_')}") if sku else name
                 claim(folder / n, ours)
         if entry:
-            _merge_base(folder, names, entry)        # read now: a broken one is said before measuring
+            _merge_base(folder, names, entry)        # read now: a broken or hand-edited one is said before measuring
 
 
 def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict, dict]:
@@ -76,12 +88,17 @@ def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict
         try:
             doc = load_json(folder / name) if entry else {}
             why = schema_problem(doc) if doc != {} else None
+            recorded = (entry.get("sha256") or {}).get(name)
+            if why is None and recorded and sha256(folder / name) != recorded:
+                # never kept and certified again: its entries are not what was measured
+                why = "changed since autotune wrote it (its sha256 is not the one provenance.json records)"
         except FileNotFoundError:
             doc, why = {}, None
         except (OSError, ValueError) as e:
             doc, why = {}, f"not valid JSON ({e})"
         if why and not forced():
-            raise ExportError(f"{folder / name}: {why}; it is not merged into (fix or remove it, or pass --force)")
+            raise ExportError(f"{folder / name}: {why}; it is not merged into (restore or remove it, or pass "
+                              "--force to replace it)")
         docs.append({} if why else doc)
     return docs[0], docs[1]
 
@@ -99,7 +116,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
         return config_problem(up, "gate_up", targets, tma) is None and config_problem(down, "down", targets, tma) is None
 
     folder = config_dir(out, device)
-    prov_path = Path(out) / device.file_name / PROVENANCE
+    prov_path = tuned_folder(out, device) / PROVENANCE
     prov = read_folder_provenance(prov_path.parent) or {"device": device.to_dict(), "files": {}}
     ours = ours_in(prov, prov_path.parent)
     up_name = sglang_file_name(problem, device)
@@ -163,7 +180,8 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
         "sha256": {n: sha256(folder / n) for n in (up_name, down_name)},
     }
     write_json(prov_path, prov, ours=PROVENANCE_OURS)
-    return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept}
+    return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept,
+            "missing": [M for M in problem.batch_sizes if str(M) not in up_json]}
 
 
 def _r(x):

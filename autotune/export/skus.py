@@ -8,23 +8,10 @@ power limits differ between SKUs: a copy is a strong start, not a measurement).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..fsutil import copy_file, sha256, write_json
-
-# What torch.cuda.get_device_name() returns: printable ASCII words; nothing SGLang's file name
-# grammar uses (',' '=' '[' ']'), no path separators.
-PLAUSIBLE = re.compile(r"[A-Za-z][A-Za-z0-9 ._()+-]{2,79}")
-# Known SKUs of one chip (as torch names them); a name outside its device's family is still written,
-# with a warning, since new SKUs appear before any table knows them.
-FAMILIES = (
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
-    ("NVIDIA H200", "NVIDIA H200 NVL"),
-    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H100 PCIe"),
-    ("NVIDIA B200",),
-)
+from ..names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
 
 
 class SkuError(ValueError):
@@ -37,14 +24,6 @@ def check_name(name: str) -> str:
         raise SkuError(f"--device-name {name!r} is not a plausible CUDA device name (as torch.cuda.get_device_name() "
                        "prints it, e.g. 'NVIDIA RTX PRO 6000 Blackwell Workstation Edition')")
     return name
-
-
-def same_chip(a: str, b: str) -> bool | None:
-    """True/False where a known family holds either name, None where none does."""
-    for fam in FAMILIES:
-        if a in fam or b in fam:
-            return a in fam and b in fam
-    return None
 
 
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:

@@ -51,6 +51,14 @@ class KernelFamily(Protocol):
     def warmup(self, problems: list, on_cpu: bool = False) -> None:
         """Build once what every worker would otherwise build at the same time (JIT kernels)."""
 
+    def footprint(self, problem, device: DeviceInfo, routings: int = 10):
+        """One worker's GPU memory for `problem` (an autotune.gpu_memory.Footprint), predicted from its
+        shapes and dtypes: what the run's memory plan sizes the pool by."""
+
+    def main_footprint(self, problem, device: DeviceInfo):
+        """Optional: the GPU memory of the work the run's own process does for `problem` (the Triton MoE
+        family's layer check), counted in the plan beside the workers'."""
+
     # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
     # place of the wall clock (which says nothing about speed there): a family whose launches declare
     # their cost (the tests' fakes) is timed by the declaration, not by a loaded machine's scheduler.

@@ -77,6 +77,16 @@ class ExpertShards:
         raise ValueError(self.dtype)
 
 
+# Bytes per weight element in each dtype's checkpoint format, scales included (block FP8: one float32 per
+# 128 x 128; NVFP4: e2m1 two a byte and one e4m3 scale per 16).
+STORED_BYTES = {"bf16": 2.0, "fp8_w8a8_block": 1.0 + 4 / (128 * 128), "nvfp4": 0.5 + 1 / 16}
+
+
+def shard_bytes(problem) -> int:
+    """The GPU memory of a problem's experts as the checkpoint holds them (w1, w3, w2 of every expert)."""
+    return int(problem.E * 3 * problem.N * problem.K * STORED_BYTES[problem.dtype])
+
+
 def make_shards(problem, seed: int = 0, device: str = "cuda") -> ExpertShards:
     """Random experts of `problem` (E, N, K at one rank) in the checkpoint format of its dtype."""
     import torch

@@ -26,19 +26,18 @@ import functools
 import os
 import socket
 
-# Capability facts SGLang's platform probes answer (runtime_context._PLATFORM_PROBES), per SM.
-_SM100 = (100, 103)
-_SM120 = (120, 121)
+from ..gpus import SM100S, SM120S
+
 # Modules that bound `get_device_capability` / `is_cuda` by name at import, and read them when
 # they resolve `auto` (modelopt_quant: the NVFP4 MoE runner; fp4_utils: the FP4 GEMM backend).
 _CAPABILITY_READERS = ("sglang.srt.layers.quantization.modelopt_quant", "sglang.srt.layers.quantization.fp4_utils")
 
 
 def platform_facts(sm: int) -> dict:
-    """What SGLang's platform probes answer on a CUDA GPU of compute capability `sm`."""
+    """What SGLang's platform probes (runtime_context._PLATFORM_PROBES) answer on a CUDA GPU of compute capability `sm`."""
     return dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False,
-                is_sm90=sm == 90, is_sm100=sm in _SM100, is_sm110=sm == 110, is_sm120=sm in _SM120,
-                is_sm100_or_sm110=sm in _SM100 or sm == 110, is_blackwell=sm >= 100,
+                is_sm90=sm == 90, is_sm100=sm in SM100S, is_sm110=sm == 110, is_sm120=sm in SM120S,
+                is_sm100_or_sm110=sm in SM100S or sm == 110, is_blackwell=sm >= 100,
                 device_capability=(sm // 10, sm % 10), device_sm=sm)
 
 

@@ -111,9 +111,18 @@ class TritonMoe:
         return None
 
     # The keys of SGLang's fused-MoE config and the values its kernel takes: a search-space file
-    # must give a ladder for each (USE_TMA may be left out) and nothing else.
-    PARAMS = {"BLOCK_SIZE_M": int, "BLOCK_SIZE_N": int, "BLOCK_SIZE_K": int, "GROUP_SIZE_M": int,
-              "num_warps": int, "num_stages": int, "USE_TMA": bool}
+    # must give a ladder for each (USE_TMA may be left out) and nothing else. The tiles are
+    # tl.arange ranges (Triton takes powers of two only) of at most Triton's largest tensor, and
+    # tl.dot operands (K at least 16 on tensor cores); Triton launches a power of two of warps, at
+    # most 32 (1024 threads). A value outside these never compiles: every candidate would fail and
+    # SGLang's own config would be written as the winner.
+    PARAMS = {"BLOCK_SIZE_M": spaces.Rule(int, 1, 1 << 20, True, "a tl.arange range"),
+              "BLOCK_SIZE_N": spaces.Rule(int, 1, 1 << 20, True, "a tl.arange range"),
+              "BLOCK_SIZE_K": spaces.Rule(int, 16, 1 << 20, True, "a tl.arange range and tl.dot's K"),
+              "GROUP_SIZE_M": spaces.Rule(int, 1),
+              "num_warps": spaces.Rule(int, 1, 32, True, "Triton's warps per program"),
+              "num_stages": spaces.Rule(int, 1),
+              "USE_TMA": spaces.Rule(bool)}
     OPTIONAL = ("USE_TMA",)
 
     def space(self, problem: Problem, gemm: str, device: DeviceInfo):
@@ -152,6 +161,8 @@ class TritonMoe:
             why = self._resources(config, problem, gemm, device)
             if why:
                 return why
+        if problem.dtype.startswith("fp8") and config["BLOCK_SIZE_K"] < 32:
+            return f"fp8: BLOCK_SIZE_K {config['BLOCK_SIZE_K']} is below 32, the least K of Triton's 8-bit tl.dot"
         if problem.block_shape:
             bn, bk = problem.block_shape
             # One activation/weight scale per K tile: the K tile must not straddle a quant block.
@@ -194,6 +205,40 @@ class TritonMoe:
 
     def tolerance(self, problem: Problem, on_cpu: bool = False) -> float:
         return TOLERANCE["fp32" if on_cpu else problem.dtype]
+
+    # -- GPU memory (autotune.gpu_memory) ---------------------------------------------------------
+    def footprint(self, problem: Problem, device: DeviceInfo, routings: int = 10):
+        """One worker's GPU memory for `problem`: both GEMMs' weights (kept for every M), the inputs,
+        outputs and float32 reference the worker keeps (about two of the largest batch's, for the heavier
+        GEMM: autotune.measurer evicts the rest), and the transient peak of building them or the weights."""
+        from ..gpu_memory import FLUSH_BYTES, Footprint
+
+        M = max(problem.batch_sizes)
+        held = max(_held_inputs(problem, g, M, routings) for g in GEMMS)
+        transient = max(max(_reference_transient(problem, g, M) for g in GEMMS), _weight_build_transient(problem))
+        return Footprint(f"{self.name} {problem.key}", {"weights": _weight_bytes(problem), "inputs": 2 * held,
+                                                        "workspace": FLUSH_BYTES + transient})
+
+    def task_bytes(self, problem: Problem, gemm: str, M: int, routings: int = 10) -> int:
+        """What measuring one batch size of one GEMM allocates beside the weights: its inputs, output and
+        float32 reference, the reference's transient and the L2 flush buffer (autotune.measurer.make_room)."""
+        from ..gpu_memory import FLUSH_BYTES
+
+        return _held_inputs(problem, gemm, M, routings) + _reference_transient(problem, gemm, M) + FLUSH_BYTES
+
+    def main_footprint(self, problem: Problem, device: DeviceInfo):
+        """The run's own process checking the picks as SGLang runs the layer (autotune.confirm) at the
+        largest batch: the weights, three sides' layer buffers (each side's timing graph keeps its own),
+        the float32 layer reference."""
+        from ..gpu_memory import FLUSH_BYTES, Footprint
+
+        M, p = max(problem.batch_sizes), problem
+        T = M * p.top_k
+        layer = 2 * (M * p.K + (T + min(T, p.E + 1) * 255) * 2 * p.N + T * p.N + T * p.K + M * p.K)
+        reference = 4 * (3 * M * p.K + 2 * (3 * p.N * p.K))
+        return Footprint(f"the layer check of {problem.key}", {
+            "weights": _weight_bytes(p), "layer": 3 * layer, "reference": reference,
+            "workspace": FLUSH_BYTES + _weight_build_transient(p)})
 
     # -- inputs --------------------------------------------------------------------------------
     def make_inputs(self, problem: Problem, gemm: str, M: int, *, seed: int = 0, skew: float = 0.0,
@@ -398,6 +443,38 @@ class TritonMoe:
             return q.view(A.shape[0], cols)[:, : A.shape[1]]
         s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
         return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+def _weight_bytes(p: Problem) -> int:
+    """Both GEMMs' expert weights as the kernel takes them (one byte an element for FP8), with scales."""
+    elem = 1 if p.dtype.startswith("fp8") else 2
+    weights = p.E * 3 * p.N * p.K * elem
+    if p.block_shape:
+        bn, bk = p.block_shape
+        return weights + 4 * p.E * (-(-2 * p.N // bn) * -(-p.K // bk) + -(-p.K // bn) * -(-p.N // bk))
+    return weights + (8 * p.E if elem == 1 else 0)
+
+
+def _weight_build_transient(p: Problem) -> int:
+    """The float32 chunk of 32 experts the weights are generated in, and FP8 quantization's copies of it."""
+    return 32 * 2 * p.N * p.K * 4 * (3 if p.dtype.startswith("fp8") else 1)
+
+
+def _held_inputs(p: Problem, gemm: str, M: int, routings: int) -> int:
+    """Bytes one batch size's inputs keep for `gemm`: activations per routing set, the output, the routing
+    and the float32 reference."""
+    T = M * p.top_k
+    rows, in_dim, out_dim = (M, p.K, 2 * p.N) if gemm == "gate_up" else (T, p.N, p.K)
+    return routings * (rows * in_dim * 2 + T * 8) + T * out_dim * (2 + 4)
+
+
+def _reference_transient(p: Problem, gemm: str, M: int) -> int:
+    """What building the float32 reference holds for a moment: the activation in float32 and, for down,
+    the routing-weighted copy of the result."""
+    T = M * p.top_k
+    if gemm == "gate_up":
+        return M * p.K * 4 * (2 if p.dtype.startswith("fp8") else 1)
+    return T * p.N * 4 + T * p.K * 4
 
 
 def random_routing(g, M: int, E: int, k: int, skew: float, sets: int):

@@ -127,13 +127,26 @@ def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_labe
     return 0
 
 
-def _check_out(out: Path) -> None:
-    """The --out folder can be written and holds no file of validate's names that is not ours."""
-    from ..fsutil import NotOurs, check_writable, claim_all
-    from .report import report_targets
+def _judged(folder: Path, before: dict, validated_on: str) -> dict:
+    """What the validation judged (validate.judged): the folder as it was before measuring, which it
+    must still be now (a file changed meanwhile was judged half old, half new)."""
+    from .judged import differences, snapshot
+
+    now = snapshot(folder)
+    diff = differences(before["sha256"], now["sha256"])
+    if diff:
+        raise ValidateError(f"{folder} changed while it was validated ({diff}): nothing written; validate it again")
+    return {**before, "validated_on": validated_on}
+
+
+def _check_out(out: Path, runs_sha256: list[str] | None = None) -> None:
+    """The --out folder can be written and holds no file of validate's names that is not ours (nor, for
+    --from-runs, a validation of other runs)."""
+    from ..fsutil import NotOurs, check_writable
+    from .report import claim_outputs
     try:
         check_writable(out)
-        claim_all(report_targets(out))
+        claim_outputs(out, runs_sha256)
     except (OSError, NotOurs) as e:
         raise ValidateError(str(e)) from None
 
@@ -143,6 +156,8 @@ def _check_out(out: Path) -> None:
 def _validate_sglang(args) -> int:
     from ..device import NoDeviceError, detect, utc_now
     from .gate import comparisons_from_runs
+    from .judged import snapshot
+    from .report import shown
     from .sglang_commands import check_port_free
     from .sglang_inputs import inspect_configs, inspect_model_dir
     from .sglang_server import ServerValidation, run_server_validation
@@ -160,6 +175,7 @@ def _validate_sglang(args) -> int:
         check_port_free(args.port)
     out = Path(args.out) if args.out else configs.root
     _check_out(out)
+    judged = snapshot(configs.root)
     stamp = utc_now().replace(":", "").replace("+0000", "Z")
     work = out / "validation_runs" / stamp
     v = ServerValidation(model=model, configs=configs, work_dir=work, concurrencies=concurrencies,
@@ -193,13 +209,14 @@ def _validate_sglang(args) -> int:
                     flashinfer_cache=str(configs.flashinfer_cache) if configs.flashinfer_cache else None,
                     parsers=how)
     intro = [f"Engine: SGLang server (`python -m sglang.launch_server`), baseline = SGLang's defaults, "
-             f"tuned = `{configs.root}` ({configs.describe()}).",
-             f"Model `{model.path}` ({'dummy weights' if model.load_format else 'real weights'}), tp {args.tp}; "
+             f"tuned = `{shown(configs.root)}` ({configs.describe()}).",
+             f"Model `{shown(model.path)}` ({'dummy weights' if model.load_format else 'real weights'}), tp {args.tp}; "
              f"{v.repeats} server starts per side in ABBA order; input {v.input_len} / output {v.output_len} tokens; "
              "throughput = `output_throughput` of `sglang.benchmark.serving` (random-ids, fixed lengths) and "
              "`sglang.benchmark.one_batch_server` (single request)."]
     return _finish(args, dict(engine="sglang", device=device, runs=res["runs"], settings=settings,
-                              extra={"servers": res["servers"]}),
+                              extra={"servers": res["servers"],
+                                     "judged": _judged(configs.root, judged, device.get("kind", "unknown"))}),
                    comparisons, out, title=f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
                    x_label="concurrency", intro=intro, provenance=configs.provenance,
                    extra_cols={"median ITL ms (baseline / tuned)": latency})
@@ -209,6 +226,8 @@ def _validate_sglang_runs(args) -> int:
     """The gate on runs of SGLang's own code made elsewhere (the lent GPU): three arms per batch,
     each run's log checked for the config file SGLang says it loaded."""
     from . import BenchmarkError
+    from .judged import snapshot, tree_sha256
+    from .report import shown
     from .server_arms import comparisons, markdown, one_batch_module, plot_arms, read_runs, run_environment, table
 
     if not args.configs:
@@ -216,6 +235,10 @@ def _validate_sglang_runs(args) -> int:
     configs = Path(args.configs)
     if not (configs / "provenance.json").is_file():
         raise ValidateError(f"{configs} has no provenance.json: not a tuned folder")
+    runs_sha256 = [tree_sha256(src) for src in args.from_runs]
+    out = Path(args.out) if args.out else configs
+    _check_out(out, runs_sha256)
+    judged = snapshot(configs)
     runs, problems, env = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, src in enumerate(args.from_runs):
@@ -231,8 +254,6 @@ def _validate_sglang_runs(args) -> int:
                              + "; ".join(p for p in problems if "tuned folder" in p))
     if not any(r.arm == "tuned" for r in runs):
         raise BenchmarkError(f"no tuned run with results in {', '.join(args.from_runs)}")
-    out = Path(args.out) if args.out else configs
-    _check_out(out)
     comps = comparisons(runs, "shipped", min_effect=args.min_effect) + \
         comparisons(runs, "default", min_effect=args.min_effect)
     rows = table(runs)
@@ -240,7 +261,7 @@ def _validate_sglang_runs(args) -> int:
     intro = [f"Engine: **SGLang {version} itself** on {env.get('gpu', '?')} (driver {env.get('driver', '?')}; "
              f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}): one rank of the model, dummy weights, "
              "three fused-MoE arms per repeat in rotating order: default (no file: SGLang's default config), shipped "
-             f"(SGLang's own files), tuned (`{configs}`).",
+             f"(SGLang's own files), tuned (`{shown(configs)}`).",
              f"bench_one_batch = `python -m {one_batch_module(version)}` (ModelRunner + CUDA graphs: decode step time); "
              "server = `python -m sglang.launch_server` + scripts/sglang_decode_probe.py (decode tokens/s of one "
              "batch of requests through HTTP and the scheduler). Throughput below = batch / step time.",
@@ -250,10 +271,12 @@ def _validate_sglang_runs(args) -> int:
         first = next((r for r in runs if r.arm == arm), None)
         if first:
             intro += [f"- {arm} ({first.name}):"] + [f"  - `{line[:300]}`" for line in first.evidence.lines]
-    settings = {"runs": list(args.from_runs), "configs": str(configs), "sglang": version,
+    settings = {"runs": list(args.from_runs), "runs_sha256": runs_sha256, "configs": str(configs), "sglang": version,
                 "command": "autotune " + " ".join(sys.argv[1:])}
     return _finish(args, dict(engine=f"sglang-server {version}", device=env, runs=[r.to_dict() for r in runs],
-                              settings=settings, extra={"arms_table": rows, "refused_runs": problems}),
+                              settings=settings,
+                              extra={"arms_table": rows, "refused_runs": problems,
+                                     "judged": _judged(configs, judged, "gpu" if env.get("gpu") else "unknown")}),
                    comps, out, title=f"SGLang {version}: tuned vs shipped and default", x_label="decode batch size",
                    intro=intro, provenance=configs / "provenance.json",
                    plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
@@ -296,6 +319,8 @@ def _validate_harness(args) -> int:
     from ..device import NoDeviceError, cpu_interpreter, detect
     from .gate import comparisons_from_runs
     from .harness import HarnessModel, on_interpreter, run_harness
+    from .judged import snapshot
+    from .report import shown
 
     if args.concurrencies:
         raise ValidateError("--concurrencies is for --engine sglang; the harness takes --batch-sizes")
@@ -322,6 +347,7 @@ def _validate_harness(args) -> int:
         raise HarnessError(f"tuned configs folder {configs} does not exist (pass --configs tuned_configs/<device>)")
     out = Path(args.out) if args.out else configs
     _check_out(out)
+    judged = snapshot(configs)
     res = run_harness(hm, tp=args.tp, device=device, tuned_dir=configs, batch_sizes=batch_sizes,
                       repeats=args.repeats or 5, layers=args.layers, dtype=args.dtype, on_cpu=on_cpu)
     desc = res["description"]
@@ -336,7 +362,7 @@ def _validate_harness(args) -> int:
     intro = [f"Engine: **{label}**. {desc['layers_timed']} layers of {desc['model']} at tp{desc['tp']} per-rank "
              f"shapes ({', '.join(desc['layer_kinds'])}), random weights, scaled to {desc['layers_model']} layers; "
              f"fused MoE {hm.model.num_experts} experts through SGLang's `invoke_fused_moe_kernel`: default = "
-             f"SGLang's built-in configs, tuned = `{configs}`.",
+             f"SGLang's built-in configs, tuned = `{shown(configs)}`.",
              f"Timing: {desc['timing']}. Not in the step: {', '.join(desc['not_modelled'])}.",
              *[f"Note: {n}" for n in desc["notes"]]]
     moe_rows = moe_table(res["moe_by_side"])
@@ -348,7 +374,8 @@ def _validate_harness(args) -> int:
                 "command": "autotune " + " ".join(sys.argv[1:])}
     return _finish(args, dict(engine="harness", device=device.to_dict(), runs=res["runs"], settings=settings,
                               extra={"harness": desc, "configs_used": _jsonable(res["configs"]),
-                                     "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows}),
+                                     "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows,
+                                     "judged": _judged(configs, judged, device.kind)}),
                    comparisons, out, title=f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
                    x_label="decode batch size", intro=intro, provenance=configs / "provenance.json",
                    extra_cols={"MoE share of step (default / tuned)": share})

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..kernels.moe_layer import SIDES, MoeSides
-from ..models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config
+from ..models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config, rank_problem
 from . import HarnessError
 
 INTERPRETER_NOTE = ("cpu-interpreter: Triton's CPU interpreter, float32, wall clock: these numbers exercise "
@@ -109,14 +109,11 @@ def layer_shapes(hm: HarnessModel, tp: int, dtype: str = "bf16") -> LayerShapes:
     m = hm.model
     if tp <= 0:
         raise HarnessError(f"--tp must be positive, got {tp}")
-    if m.moe_intermediate_size % tp:
-        raise HarnessError(f"--tp {tp} does not divide {m.name}'s moe_intermediate_size {m.moe_intermediate_size}")
     try:
+        problem = replace(rank_problem(m, tp, dtype=dtype), sources=((m.name, tp, 1, "main"),))
         gemms = layer_gemms(m, tp)
     except ModelError as e:
         raise HarnessError(str(e)) from None
-    problem = Problem(E=m.num_experts, N=m.moe_intermediate_size // tp, K=m.hidden_size, top_k=m.top_k,
-                      dtype=dtype, sources=((m.name, tp, 1, "main"),))
     pick = lambda kind, names=None: tuple(Gemm(g.name, g.N, g.K) for g in gemms  # noqa: E731
                                           if g.kind == kind and (names is None or g.name in names))
     full, lin = pick("full"), pick("linear")
@@ -333,6 +330,10 @@ def run_harness(hm: HarnessModel, *, tp: int, device, tuned_dir: str | Path, bat
                 inner_repeats: int | None = None) -> dict:
     """Build the harness, check the tuned folder has this model's file, measure. Returns
     {"description", "runs", "configs", "checks", "shapes"}."""
+    from ..gpu_memory import hold_to_cap
+
+    if not on_cpu:
+        hold_to_cap()
     shapes = layer_shapes(hm, tp, dtype)
     h = DecodeHarness(shapes, device, tuned_dir, layers=layers, on_cpu=on_cpu, inner_repeats=inner_repeats)
     h.require_tuned_file()

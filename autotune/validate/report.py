@@ -9,19 +9,23 @@ per-batch-size kernel tables. All files are written atomically (autotune.fsutil)
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..device import software_versions, utc_now
-from ..fsutil import bytes_holding, claim_all, json_with, read_json, save_figure, text_starting, write_atomic, write_json
+from ..fsutil import (FileFormatError, WriteError, bytes_holding, claim_all, forced, json_with, read_json,
+                      save_figure, text_starting, write_atomic, write_json)
+from . import ValidateError
 from .gate import Comparison, GateResult
 
-VALIDATION_JSON = "validation.json"
-PLOT_PNG = "validation.png"
-REPORT_MD = "report.md"
+from ..folder_change import PLOT_PNG, REPORT_MD, VALIDATION_JSON  # noqa: F401  (validate's outputs, named where the folder is)
 
 
 def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,
                  runs: list[dict], settings: dict, extra: dict | None = None) -> dict:
+    """`extra`: the engine's own keys, and `judged` (autotune.validate.judged: what the validation judged)."""
     return {"engine": engine, "date": utc_now(), "device": device, "versions": software_versions(),
             "settings": settings, "comparisons": [c.to_dict() for c in comparisons],
             "gate": gate.to_dict() if gate else None, "runs": runs, **(extra or {})}
@@ -126,6 +130,59 @@ def report_targets(out_dir: str | Path) -> list:
             (out / PLOT_PNG, lambda p: bytes_holding(b"autotune")(p) or _named_by_record(p))]
 
 
+def claim_outputs(out_dir: str | Path, runs_sha256: list[str] | None = None) -> None:
+    """Refuse before anything is measured or written where validate's files in `out_dir` are not its
+    own, and, for a judgement of recorded runs (`runs_sha256`: validate --from-runs), where the
+    validation.json there was not made from the same runs: it is the record of other runs, and is
+    replaced only under --force."""
+    out = Path(out_dir)
+    claim_all(report_targets(out))
+    path = out / VALIDATION_JSON
+    if runs_sha256 is None or forced() or not path.exists():
+        return
+    try:
+        old = read_json(path, default=None)
+    except FileFormatError:
+        old = None                  # not ours: claim_all refused it unless --force
+    settings = (old.get("settings") if isinstance(old, dict) else None) or {}
+    if sorted(settings.get("runs_sha256") or []) == sorted(runs_sha256):
+        return
+    if settings.get("runs_sha256"):
+        theirs = ", ".join(Path(str(r)).name for r in settings.get("runs") or []) or "runs it names by hash"
+        why = f"was made from other runs ({theirs})"
+    else:
+        why = "was not made by --from-runs from runs it names by hash (an older record, or a live run's)"
+    raise ValidateError(f"{path} {why}: --from-runs replaces only a validation of the same runs, with its "
+                        "report.md and validation.png; name another --out, or pass --force to replace it")
+
+
+# An absolute path in report.md: a path of the machine that wrote it, or of the one that ran the runs it
+# quotes. The report travels (publish commits it into a serving repo): each keeps its last parts only.
+_ABSOLUTE = re.compile(r"(?:(?<=:///)|(?<![\w:/.~\\…-]))/[^\s`'\"()\[\]<>|*]+")
+KEPT_PARTS = 4
+
+
+def portable(text: str) -> tuple[str, bool]:
+    """`text` with every absolute path shortened to '…/' and its last KEPT_PARTS parts; whether any was."""
+    def short(m: re.Match) -> str:
+        parts = [p for p in m.group(0).split("/") if p]
+        return "…/" + "/".join(parts[-KEPT_PARTS:]) if parts else m.group(0)
+    out = _ABSOLUTE.sub(short, text)
+    return out, out != text
+
+
+def shown(path: str | Path) -> str:
+    """A folder as report.md names it: as given where relative, else relative to the working folder
+    where inside it (what a user in that folder types); portable() shortens any other."""
+    p = Path(path)
+    if p.is_absolute():
+        try:
+            return p.resolve().relative_to(Path.cwd().resolve()).as_posix() or "."
+        except ValueError:
+            pass
+    return p.as_posix()
+
+
 def _named_by_record(png: Path) -> bool:
     """A plot from before plots carried our mark: ours where our validation.json beside it names it."""
     try:
@@ -141,8 +198,27 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
     """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`;
     `plotter(path) -> bool` draws the figure instead of the baseline-vs-tuned default."""
     out = Path(out_dir)
-    claim_all(report_targets(out))
-    paths = {"json": out / VALIDATION_JSON, "plot": out / PLOT_PNG, "md": out / REPORT_MD}
+    claim_outputs(out, (record.get("settings") or {}).get("runs_sha256"))
+    # The three change as one: written beside each other in a staging folder, then moved in; where one
+    # cannot be written the folder is as it was (a new validation.json beside an old report.md never).
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".validate-staged-", dir=out))
+    except OSError as e:
+        raise WriteError(f"cannot write into {out}: {e.strerror or e}") from None
+    try:
+        staged = _write_staged(stage, out, record, comparisons, title=title, x_label=x_label, intro=intro,
+                               provenance=provenance, extra_cols=extra_cols, plotter=plotter)
+        for p in staged.values():
+            os.replace(p, out / p.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {k: out / p.name for k, p in staged.items()}
+
+
+def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
+                  intro: list[str], provenance: Path | None, extra_cols, plotter) -> dict[str, Path]:
+    paths = {"json": stage / VALIDATION_JSON, "plot": stage / PLOT_PNG, "md": stage / REPORT_MD}
     unit = comparisons[0].unit if comparisons else "tok/s"
     has_plot = bool(comparisons) and (plotter(paths["plot"]) if plotter else plot(
         paths["plot"], comparisons, title=title, x_label=x_label, y_label=f"decode throughput ({unit})"))
@@ -166,7 +242,11 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
         rel = os.path.relpath(provenance, out)
         md += ["## Tuning tables", "", f"From [{Path(provenance).name}]({rel}).", ""]
         md += [tables or "(provenance.json lists no per-batch-size results)", ""]
-    write_atomic(paths["md"], "\n".join(md))
+    text, shortened = portable("\n".join(md))
+    if shortened:
+        text = text.rstrip("\n") + (f"\n\n(Absolute paths are shortened here to their last {KEPT_PARTS} parts, `…/`; "
+                                    f"[{VALIDATION_JSON}]({VALIDATION_JSON}) and provenance.json keep them whole.)\n")
+    write_atomic(paths["md"], text)
     if not has_plot:
         paths.pop("plot")
     return paths

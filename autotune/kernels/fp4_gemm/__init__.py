@@ -60,6 +60,19 @@ class Fp4Gemm(BackendFamily):
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         return 0.3
 
+    def footprint(self, problem, device, routings: int = 10):
+        """One worker's GPU memory: the checkpoint's NVFP4 weight and its float32 dequantization, one
+        processed copy per backend that runs here (each backend's SGLang layer is kept for every M), two
+        of the largest batch's activations, outputs and references."""
+        from ...gpu_memory import FLUSH_BYTES, Footprint
+
+        p, M = problem, max(problem.batch_sizes)
+        nvfp4 = int(p.N * p.K * (0.5 + 1 / 16))
+        backends = sum(1 for a in self.availability(device) if a.ok)
+        held = routings * M * p.K * 2 + M * p.N * (2 + 4)
+        return Footprint(f"{self.name} {p.key}", {"weights": nvfp4 * (1 + backends) + p.N * p.K * 4,
+                                                  "inputs": 2 * held, "workspace": FLUSH_BYTES + 3 * p.N * p.K * 4})
+
     def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
         import torch
 

@@ -53,6 +53,17 @@ class Fp8Gemm(BackendFamily):
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         return 0.08
 
+    def footprint(self, problem, device, routings: int = 10):
+        """One worker's GPU memory: per batch size its own `routings` weight copies (block and per-tensor
+        FP8), the float32 reference weight and activations; two batches' worth kept, and the float32
+        weights each copy is generated from."""
+        from ...gpu_memory import FLUSH_BYTES, Footprint
+
+        p, M = problem, max(problem.batch_sizes)
+        held = routings * (2 * p.N * p.K + M * p.K * 2) + p.N * p.K * 4 + M * p.N * (2 + 4)
+        return Footprint(f"{self.name} {p.key}", {"inputs": 2 * held,
+                                                  "workspace": FLUSH_BYTES + routings * p.N * p.K * 4})
+
     def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
         import torch
 

@@ -20,6 +20,10 @@ from ..backend_family import BackendFamily
 from ..runner import Runner
 
 
+# SGLang MoE blocks (one per backend, each with its processed copy of the experts) a worker keeps.
+KEPT_BLOCKS = 2
+
+
 @dataclass
 class MoeLayerInputs:
     problem: object
@@ -62,6 +66,22 @@ class _MoeLayerFamily(BackendFamily):
     def sglang_auto(self, device) -> str | None:
         from ... import backends as table
         return table.sglang_auto(self.name, device)
+
+    # -- GPU memory (autotune.gpu_memory) ---------------------------------------------------------
+    def footprint(self, problem, device, routings: int = 10):
+        """One worker's GPU memory for `problem`: the checkpoint's experts and the processed copies of the
+        SGLang blocks it keeps (KEPT_BLOCKS), two of the largest batch's inputs and references, and the
+        layer's own intermediates at that batch."""
+        from ..moe_checkpoint import shard_bytes
+        from ...gpu_memory import FLUSH_BYTES, Footprint
+
+        p, M = problem, max(problem.batch_sizes)
+        T = M * p.top_k
+        held = routings * (M * p.K * 2 + M * p.E * 2 + T * 8) + M * p.K * (2 + 4)
+        layer = T * (3 * p.N + p.K) * 2
+        return Footprint(f"{self.name} {p.key}", {
+            "weights": shard_bytes(p) * (1 + KEPT_BLOCKS), "inputs": 2 * held,
+            "workspace": FLUSH_BYTES + layer + 32 * 3 * p.N * p.K * 4 * 3})
 
     # -- inputs -----------------------------------------------------------------------------------
     def make_inputs(self, problem, gemm, M, *, seed=0, skew=0.0, routings=10, on_cpu=False):
@@ -122,6 +142,10 @@ class SglangMoe(Runner):
         from ..sglang_layer import MoeBlock, Refused, refusals
 
         if self.name not in inputs.blocks:
+            # Each block holds its own processed copy of the experts: a worker keeps the last few only
+            # (a task runs one backend at every M, so the next one rarely needs an older block again).
+            while len(inputs.blocks) >= KEPT_BLOCKS:
+                del inputs.blocks[next(iter(inputs.blocks))]
             with refusals(f"SGLang's {self.sglang_value} MoE runner"):
                 block = MoeBlock(inputs.problem, self.sglang_value, device=inputs.shards.device).load(inputs.shards)
             if block.runner_backend != self.sglang_value:

@@ -1,6 +1,6 @@
 """DeepGEMM's grouped FP8 GEMMs through SGLang's MoE block, --moe-runner-backend deep_gemm (block-FP8
 experts); needs the deep_gemm package."""
-from ...backends import SM100S
+from ...gpus import SM100S
 from . import SglangMoe
 
 RUNNER = SglangMoe("moe_fp8", "deep_gemm", "deep_gemm", "SGLang's FusedMoE, deep_gemm runner",

@@ -1,7 +1,7 @@
 """FlashInfer's CuTe DSL NVFP4 MoE through SGLang's MoE block, --moe-runner-backend flashinfer_cutedsl
 (SGLang's standard path: its CuteDslMoEWrapper, with the interleaved weights and MMA-layout block
 scales SGLang's quant method makes)."""
-from ...backends import SM120S
+from ...gpus import SM120S
 from . import SglangMoe
 
 RUNNER = SglangMoe("moe_fp4", "flashinfer_cutedsl", "flashinfer_cutedsl", "flashinfer.cute_dsl_fused_moe_nvfp4",

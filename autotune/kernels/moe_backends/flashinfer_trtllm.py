@@ -1,7 +1,7 @@
 """FlashInfer's TensorRT-LLM NVFP4 block-scale MoE through SGLang's MoE block, --moe-runner-backend
 flashinfer_trtllm (SGLang's auto for NVFP4 experts on SM100) and flashinfer_trtllm_routed (the same
 kernels, routing done by SGLang's TopK). SGLang's quant method makes its shuffled weight layout."""
-from ...backends import SM100S, SM120S
+from ...gpus import SM100S, SM120S
 from . import SglangMoe
 
 _SM120 = ((SM120S, "crashes the process on load on SM120: its kernels are SM100 cubins "
