@@ -206,7 +206,11 @@ def test_the_server_total_weighs_each_problem_by_its_layers_over_the_mix_and_the
     assert prefill.totals == {"auto_one": 2000.0, "other": 1800.0} and prefill.per_m_total == 1800.0
     # a problem without a layer count weighs one
     plain = server_choice(TwoBackends(), None, [Timed(SimpleNamespace(key="p"), times, Ms=[1, 64, 1024])])
-    assert plain.totals == {"auto_one": 110.0, "other": 102.0}
+    assert plain.totals == {"auto_one": 110.0, "other": 102.0} and plain.per_m_total == 100.0
+    # no batch size of the mix measured, or none correct: two different things to say
+    assert server_choice(TwoBackends(), None, [Timed(SimpleNamespace(key="p"), times, Ms=[1024])]).summary == \
+        "no batch size of it measured"
+    assert server_choice(TwoBackends(), None, [Timed(SimpleNamespace(key="p"), {}, Ms=[1])]).summary == "none eligible"
 
 
 def test_a_gain_of_exactly_the_noise_keeps_auto():

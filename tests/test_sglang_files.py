@@ -189,7 +189,8 @@ def test_an_existing_entry_the_target_releases_cannot_run_is_never_kept(tmp_path
     assert "0.5.16" in entry["sglang_versions"] and entry["sglang_targets"] == ["0.5.16"]
 
 
-@pytest.mark.parametrize("broken, why", [("{", "not valid JSON"), ('{"1": {"BLOCK_SIZE_M": "x"}}', "M=1")])
+@pytest.mark.parametrize("broken, why", [("{", "not valid JSON"),
+                                         ('{"1": {"BLOCK_SIZE_M": "x"}, "8": {"BLOCK_SIZE_M": "x"}}', "M=1")])
 def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_only_under_force(tmp_path, rtx,
                                                                                                  broken, why):
     from autotune.export.sglang import ExportError
@@ -216,3 +217,16 @@ def test_a_merge_that_would_not_run_in_a_target_release_writes_nothing(tmp_path,
     with pytest.raises(ExportError, match=r"would not run in SGLang 0.5.16, 0.5.17; nothing written"):
         export_problem(tmp_path, rtx, p, {1: _choice(1, {**UP, "USE_TMA": True}, UP)}, {}, targets=("0.5.16", "0.5.17"))
     assert not (tmp_path / rtx.file_name).exists()
+
+
+def test_a_down_file_gone_since_the_last_export_drops_its_pairs_and_a_tma_down_entry_stays_where_tma_runs(tmp_path, rtx):
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, DOWN, t=5.0), 8: _choice(8, UP, DOWN, t=5.0)}, {})
+    # SGLang 0.5.16 runs a down config's USE_TMA on a GPU with TMA descriptors (this SM120 card): kept though faster
+    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=50.0)}, {}, targets=("0.5.16",))
+    up, down, _ = _files(tmp_path, rtx, p)
+    assert summary["kept"] == {1: "existing 5.00 us beats new 50.00 us"} and down["1"]["USE_TMA"] is True
+    (config_dir(tmp_path, rtx) / sglang_file_name(p, rtx, down=True)).unlink()
+    export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=50.0)}, {})
+    up, down, _ = _files(tmp_path, rtx, p)
+    assert set(up) == set(down) == {"1"} and up["1"] == BIG         # no down entry: no pair to keep

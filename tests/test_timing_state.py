@@ -139,3 +139,15 @@ def test_the_pin_rule_weighs_both_sides_noise_and_a_gain_of_exactly_the_noise_is
     # a config that names no tactic runs the backend's default: never a pin over itself
     no_tactic = Measurement("p", "layer", 8, {"backend": "flashinfer_cublas"}, OK, time_us=1.0, spread=0.0)
     assert not pins_over_default(no_tactic, timed(-1, 20.0))
+
+
+def test_a_cpu_timing_is_the_median_of_its_repeats_with_their_spread_on_the_given_clock():
+    ticks = iter([0.0, 1.0, 1.000002, 2.0, 2.000004, 3.0, 3.000001, 4.0, 4.000010, 5.0, 5.000003, 6.0])
+    launched = []
+    t = measure.time_cpu(launched.append, 2, repeats=5, clock=lambda: next(ticks))
+    assert launched == [0, 1, 0, 1, 0]                               # routing sets in turn
+    assert t.median_us == pytest.approx(3.0) and t.samples == 5 and t.bench_s == pytest.approx(6.0)
+    assert t.spread == pytest.approx((7.0 - 1.5) / 3.0)              # (p75 - p25) / median of 2, 4, 1, 10, 3 µs
+    ticks = iter([0.0] * 8)
+    t = measure.time_cpu(lambda i: None, 1, clock=lambda: next(ticks))
+    assert t.samples == 3 and t.spread == 0.0                         # three by default; a zero median, no spread

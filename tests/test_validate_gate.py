@@ -221,9 +221,16 @@ def test_the_grouping_hands_each_point_the_callers_settings():
     assert "server starts" in wide[1].noise
     assert "server starts" not in wide[0].noise
     # by default the same z and floor as a single comparison
-    (default,) = comparisons_from_runs([r for r in runs if r["kind"] == "server"], "ms")
-    assert default.threshold == compare("x", [100.0, 103.0, 97.0], [110.0, 113.3, 106.7]).threshold
-    assert default.unit == "tok/s" and default.against == "baseline"
+    noisy = [{**r, "metrics": {"ms": r["metrics"]["ms"] * (1 + 0.02 * r["repeat"] * (r["side"] == "tuned"))}}
+             for r in runs if r["kind"] == "server"]
+    (default,) = comparisons_from_runs(noisy, "ms")
+    b, t = ([r["metrics"]["ms"] for r in noisy if r["side"] == side] for side in ("baseline", "tuned"))
+    assert default.threshold == compare("x", b, t).threshold > 0.01          # set by the scatter, at z = 2
+    assert default.unit == "tok/s" and default.against == "baseline" and default.noise == "scatter of the 3 paired ratios"
+    # points in (kind, batch) order; a point with runs on one side only is left out, not an error
+    mixed = [{**r, "kind": "a" if r["kind"] == "server" else "b"} for r in runs]
+    mixed.append({"side": "baseline", "repeat": 0, "kind": "c", "x": 2, "metrics": {"ms": 1.0}})
+    assert [c.point for c in comparisons_from_runs(mixed, "ms")] == ["a 8", "b 1"]
 
 
 def test_a_side_with_a_repeat_more_is_compared_whole_and_unpaired():

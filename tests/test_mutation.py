@@ -1,0 +1,145 @@
+"""The quick tier catches a loosened check: each mutation an audit planted by hand (a correctness check
+10x looser or tighter, a family's tolerance 10x off, the NaN poison removed, the keep-faster or
+within-noise rule inverted, a tie no longer going to the baseline) is planted in a copy of the tree,
+and every quick test named as its catcher must fail there, each on its own (a rule pinned by two
+tests has two catchers). The same tests pass on the unmutated copy.
+
+mutmut's score over the same modules (scripts/mutation.py, .ci/run) says how much of the rest is
+pinned; this file keeps the few that matter most from ever depending on one test again."""
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TREE = ("pyproject.toml", "autotune", "tests", "search_spaces", "benchmarks/data", "tuned_configs")
+
+CORRECTNESS = ["tests/test_correctness_check.py::test_check_output_passes_just_inside_and_fails_just_outside",
+               "tests/test_correctness_check.py::test_a_trial_passes_just_inside_its_tolerance_and_fails_just_outside"]
+PINNED = ["tests/test_correctness_check.py::test_every_family_and_dtype_has_its_pinned_tolerance",
+          "tests/test_correctness_check.py::test_a_trial_passes_just_inside_the_pinned_tolerance_and_fails_just_outside"]
+KEEP_FASTER = ["tests/test_sglang_files.py::test_export_keeps_a_better_existing_entry",
+               "tests/test_keep_rules.py::test_a_rerun_keeps_the_faster_existing_entries_and_replaces_the_slower"]
+WITHIN_NOISE = ["tests/test_keep_rules.py::test_auto_stays_unless_beaten_beyond_both_timings_noise",
+                "tests/test_sieve_h200_replay.py::test_the_h200_sieve_replayed_keeps_auto_inside_noise"]
+
+# name: (file, what is there, what is planted instead, the quick tests that must each fail)
+PLANTED = {
+    "check 10x looser": ("autotune/measure.py", "if not err <= tol:", "if not err <= 10 * tol:", CORRECTNESS),
+    "check 10x tighter": ("autotune/measure.py", "if not err <= tol:", "if not err <= tol / 10:", CORRECTNESS),
+    "bf16 Triton tolerance 10x looser": ("autotune/kernels/triton_moe.py", '"bf16": 1e-2,', '"bf16": 1e-1,',
+                                         PINNED),
+    "bf16 MoE runners' tolerance 10x tighter": ("autotune/kernels/moe_backends/__init__.py",
+                                                '    name = "moe_bf16"\n    tol = 0.02\n',
+                                                '    name = "moe_bf16"\n    tol = 0.002\n', PINNED),
+    "no NaN poison": ("autotune/measurer.py", 'inputs.C.fill_(float("nan"))', "pass",
+                      ["tests/test_correctness_check.py::test_an_output_the_launch_did_not_write_fails_though_its_"
+                       "buffer_held_a_right_answer",
+                       "tests/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
+                       "one_filled_its_buffer"]),
+    "keep-faster inverted": ("autotune/export/sglang.py", 'old["tuned_us"] < round(new.total_us, 3)',
+                             'old["tuned_us"] > round(new.total_us, 3)', KEEP_FASTER),
+    "within-noise inverted": ("autotune/server_choice.py", "if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:",
+                              "if eligible[best] * (1 + noise(*spreads)) < eligible[auto]:", WITHIN_NOISE),
+    "within-noise dropped": ("autotune/server_choice.py", "(1 + noise(*spreads))", "1", WITHIN_NOISE),
+    "a tie to the tuned config": ("autotune/finalists.py", "s.finalist.source == TUNED", "s.finalist.source != TUNED",
+                                  ["tests/test_selection.py::test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_"
+                                   "the_baseline"]),
+}
+
+
+def copy_tree(dest: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis", "replay")
+    for name in TREE:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def quick_tests(tree: Path, tests: list[str]) -> dict[str, bool]:
+    """Run `tests` (node ids, or their prefixes) in `tree` with the quick tier's selection; per id, whether
+    every test it names passed. The copy's autotune is the one imported, in the tests and in the
+    processes they start."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    report = tree / "report.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", f"--junitxml={report}", *tests], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]   # not: no tests, errors
+    outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        node = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
+        outcomes[node] = not any(child.tag in ("failure", "error") for child in case)
+    ran = {t: [ok for node, ok in outcomes.items() if node == t or node.startswith(t + "[")] for t in tests}
+    assert all(ran.values()), f"not collected in the quick tier: {[t for t, oks in ran.items() if not oks]}"
+    return {t: all(oks) for t, oks in ran.items()}
+
+
+@pytest.mark.slow
+def test_the_copy_imports_its_own_autotune(tmp_path):
+    tree = copy_tree(tmp_path / "tree")
+    out = subprocess.run([sys.executable, "-c", "import autotune.measure as m; print(m.__file__)"], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True)
+    assert Path(out.stdout.strip()).resolve() == (tree / "autotune/measure.py").resolve()
+
+
+@pytest.mark.slow
+def test_every_catcher_passes_on_the_unmutated_tree(tmp_path):
+    catchers = sorted({t for *_, tests in PLANTED.values() for t in tests})
+    assert quick_tests(copy_tree(tmp_path / "tree"), catchers) == {t: True for t in catchers}
+
+
+@pytest.mark.slow      # a pytest process per planted mutation, on a copy of the tree
+@pytest.mark.parametrize("name", PLANTED)
+def test_the_quick_tier_catches_the_planted_mutation(tmp_path, name):
+    path, was, planted, catchers = PLANTED[name]
+    tree = copy_tree(tmp_path / "tree")
+    text = (tree / path).read_text()
+    assert text.count(was) == 1, f"{path} no longer holds {was!r}: plant the mutation where the check is now"
+    (tree / path).write_text(text.replace(was, planted))
+    assert quick_tests(tree, catchers) == {t: False for t in catchers}
+
+
+def _runner():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_runner", ROOT / "scripts/mutation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_runner_scores_the_mutants_it_ran_by_mutmuts_own_exit_codes(tmp_path):
+    """scripts/mutation.py's account of a run: mutmut's meta files, its exit codes named as mutmut names
+    them, only the mutants asked for, and the score over those some quick test reached."""
+    import json
+
+    runner = _runner()
+    meta = tmp_path / "mutants/autotune/choice.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"autotune.choice.x_pins_over_default__mutmut_1": 1, "autotune.choice.x_pins_over_default__mutmut_2": 0,
+             "autotune.choice.xǁBackendTunerǁselect__mutmut_1": 1, "autotune.choice.xǁBackendTunerǁselect__mutmut_2": 36,
+             "autotune.choice.xǁBackendTunerǁmeasure__mutmut_1": 0,          # not asked for: not counted
+             "autotune.choice.x_tactic_id__mutmut_1": 33}
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    (tmp_path / "mutants/autotune/measure.py.meta").write_text(json.dumps({"exit_code_by_key": {
+        "autotune.measure.x_time_gpu__mutmut_1": 33, "autotune.measure.x_check_output__mutmut_1": None}}))
+    res = runner.results(tmp_path)
+    assert res["autotune/choice.py"] == {"autotune.choice.x_pins_over_default__mutmut_1": "killed",
+                                         "autotune.choice.x_pins_over_default__mutmut_2": "survived",
+                                         "autotune.choice.xǁBackendTunerǁselect__mutmut_1": "killed",
+                                         "autotune.choice.xǁBackendTunerǁselect__mutmut_2": "timeout"}
+    r = runner.report(res, finished=False, seconds=12.4)
+    assert r["score"] == 2 / 4 and r["total"] == {"killed": 2, "survived": 1, "timeout": 1, "no tests": 1,
+                                                   "not checked": 1}
+    assert r["survivors"] == ["autotune.choice.x_pins_over_default__mutmut_2",
+                              "autotune.choice.xǁBackendTunerǁselect__mutmut_2"]
+    assert runner.score(["no tests", "not checked"]) is None
