@@ -230,3 +230,17 @@ def test_a_down_file_gone_since_the_last_export_drops_its_pairs_and_a_tma_down_e
     export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=50.0)}, {})
     up, down, _ = _files(tmp_path, rtx, p)
     assert set(up) == set(down) == {"1"} and up["1"] == BIG         # no down entry: no pair to keep
+
+
+def test_a_hand_edited_file_is_not_merged_into_and_the_ms_left_without_an_entry_are_named(tmp_path, rtx):
+    from autotune.export.sglang import ExportError
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8, 64))
+    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
+    assert summary["missing"] == [64]
+    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    edited = json.dumps({"1": BIG, "8": UP})              # valid, and one SGLang would load: not what was measured
+    target.write_text(edited)
+    with pytest.raises(ExportError, match="changed since autotune wrote it"):
+        export_problem(tmp_path, rtx, p, {64: _choice(64, UP, UP)}, {})
+    assert target.read_text() == edited
