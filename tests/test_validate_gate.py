@@ -251,3 +251,20 @@ def test_the_gate_record_counts_each_baseline_apart():
                  "counts": {"shipped": {"points": 3, "gain": 3, "within noise": 0, "regression": 0, "not judged": 0},
                             "default": {"points": 1, "gain": 0, "within noise": 0, "regression": 1, "not judged": 0}}}
     assert d["lines"][-1] == "gate: 1 regression(s) recorded and allowed (--allow-regression)"
+
+
+def test_runs_of_other_repeats_on_each_side_are_never_paired_by_position():
+    """Baseline repeats 0, 1, 2 and tuned 0, 1, 3: as many runs, but repeat 2 is not repeat 3, so the
+    point is judged on each side's own scatter, not on ratios of runs that were never side by side."""
+    from autotune.validate.gate import comparisons_from_runs
+
+    def run(side, repeat, v):
+        return {"side": side, "repeat": repeat, "kind": "decode", "x": 1, "metrics": {"output_throughput": v}}
+    runs = [run("baseline", 0, 100.0), run("baseline", 1, 101.0), run("baseline", 2, 99.0),
+            run("tuned", 0, 110.0), run("tuned", 1, 111.0), run("tuned", 3, 109.0)]
+    (c,) = comparisons_from_runs(runs)
+    assert "unpaired" in c.noise, c.noise
+    same = [run("baseline", i, v) for i, v in enumerate((100.0, 101.0, 99.0))] + \
+           [run("tuned", i, v) for i, v in enumerate((110.0, 111.0, 109.0))]
+    (p,) = comparisons_from_runs(same)
+    assert "paired" in p.noise and "unpaired" not in p.noise, p.noise

@@ -153,9 +153,10 @@ def _side_sigmas(b: list[float], t: list[float], known: KnownSpread | None) -> t
 
 def compare(point: str, baseline: list[float], tuned: list[float], *, x: int = 0, unit: str = "tok/s",
             min_effect: float = 0.01, z: float = 2.0, known_spread: KnownSpread | None = None,
-            against: str = "baseline") -> Comparison:
+            against: str = "baseline", paired: bool | None = None) -> Comparison:
     """Compare higher-is-better samples of one point (baseline[i] and tuned[i] from repeat i).
-    `known_spread`: the method's instance-to-instance spread, which a one-run side borrows."""
+    `known_spread`: the method's instance-to-instance spread, which a one-run side borrows; `paired`:
+    whether position i of both lists is one repeat (None: where they are as long)."""
     b = [float(v) for v in baseline]
     t = [float(v) for v in tuned]
     if not b or not t:
@@ -163,7 +164,7 @@ def compare(point: str, baseline: list[float], tuned: list[float], *, x: int = 0
     if any(not (v > 0 and math.isfinite(v)) for v in b + t):
         raise ValueError(f"{point}: throughputs must be positive and finite, got {b} / {t}")
     bm, tm = statistics.median(b), statistics.median(t)
-    paired = len(b) == len(t)
+    paired = len(b) == len(t) if paired is None else (paired and len(b) == len(t))
     judged = min(len(b), len(t)) >= MIN_RUNS
     ratios = [ti / bi for bi, ti in zip(b, t)] if paired else []
     if paired and judged:
@@ -264,12 +265,13 @@ def comparisons_from_runs(runs: list[dict], metric: str = "output_throughput", *
     out = []
     for (kind, x), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         common = sorted(set(g["baseline"]) & set(g["tuned"]))
-        if common and len(common) == len(g["baseline"]) == len(g["tuned"]):
+        paired = bool(common) and len(common) == len(g["baseline"]) == len(g["tuned"])
+        if paired:
             b = [g["baseline"][i] for i in common]
             t = [g["tuned"][i] for i in common]
-        else:
+        else:             # other repeats on each side: never paired by position (repeat 2 with repeat 3)
             b, t = list(g["baseline"].values()), list(g["tuned"].values())
         if b and t:
             out.append(compare(label(kind, x), b, t, x=x, unit=unit, min_effect=min_effect, z=z,
-                               known_spread=known_spread(kind), against=against))
+                               known_spread=known_spread(kind), against=against, paired=paired))
     return out
