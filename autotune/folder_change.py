@@ -51,11 +51,7 @@ def staged(folder: str | Path) -> Path:
 
 def real(path: str | Path) -> str:
     """A path as the user will find it once the change is in: inside a staged copy, the folder's own."""
-    path = Path(path)
-    for change in _ACTIVE.values():
-        if change.staging is not None and (path == change.staging or change.staging in path.parents):
-            return str(change.given / path.relative_to(change.staging))
-    return str(path)
+    return in_words(str(path))
 
 
 def in_words(text: str) -> str:
@@ -91,6 +87,7 @@ class FolderChange:
         self.failed: str | None = None
         self._fd: int | None = None
         self._existed = False
+        self._made_parent = False             # begin() made the folder's parent: removed again if left empty
         self._before: dict | None = None
         self.outcome: str | None = None      # after the change: why nothing changed, if so
 
@@ -116,7 +113,7 @@ class FolderChange:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
-        if getattr(self, "_made_parent", False) and not self.folder.exists():
+        if self._made_parent and not self.folder.exists():
             with contextlib.suppress(OSError):    # nothing went in: the run leaves no empty output folder
                 self.folder.parent.rmdir()
         _ACTIVE.pop(self.folder, None)
@@ -216,24 +213,9 @@ def manifest(folder: Path) -> dict:
 
 
 def _differs(a: Path, b: Path) -> bool:
-    """Whether the two trees differ in names or bytes (a run that wrote the same bytes changes nothing)."""
-    names_a, names_b = _files(a), _files(b)
-    if names_a.keys() != names_b.keys():
-        return True
-    return any(names_a[k] != names_b[k] for k in names_a)
-
-
-def _files(root: Path) -> dict:
-    if not root.is_dir():
-        return {}
-    out = {}
-    for r, dirs, files in os.walk(root):
-        for name in dirs:
-            out[str((Path(r) / name).relative_to(root))] = None
-        for name in files:
-            p = Path(r) / name
-            out[str(p.relative_to(root))] = os.readlink(p) if p.is_symlink() else p.read_bytes()
-    return out
+    """Whether the two trees differ in any file's name or bytes (a run that wrote the same bytes
+    changes nothing)."""
+    return (folder_sha256(a, outputs_aside=False) if a.is_dir() else {}) != folder_sha256(b, outputs_aside=False)
 
 
 FOLDER_SHA256 = "folder_sha256"
