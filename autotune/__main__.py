@@ -1,6 +1,6 @@
 """`python -m autotune ...`: the console script without an install (device machines, containers)."""
 import sys
 
-from .cli import main
+from autotune.cli import main
 
 sys.exit(main())

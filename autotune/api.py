@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import families
-from .errors import Incomplete, NothingDone, UsageError
+from autotune.families import registry
+from autotune.errors import Incomplete, NothingDone, UsageError
 
 
 @dataclass
@@ -93,17 +93,17 @@ class RecordRequest(TuneRequest):
 def run(req: RunRequest) -> RunResult:
     """Plan every requested family on the device, check every output, then run each family's step
     (a config search, or the backend choice) and write the files; the --json summary last."""
-    from . import run_open, run_outputs
-    from .plan import PlanError, parse_kernels
-    from .run_common import load_warm_start, new_summary, print_shared, selection
-    from .run_configs import run_configs, sku_names
+    from autotune.run import opening, outputs
+    from autotune.run.plan import PlanError, parse_kernels
+    from autotune.run.common import load_warm_start, new_summary, print_shared, selection
+    from autotune.run.config_search import run_configs, sku_names
 
     if req.target_device and not req.dry_run:
         raise UsageError("--target-device plans a run for a GPU model: it needs --dry-run (a run measures on the "
                          "GPU it finds, or replays --replay)")
     if req.target_device and req.replay:
         raise UsageError("--target-device and --replay both name the device: give one")
-    run_outputs.check_record_file(req.record)
+    outputs.check_record_file(req.record)
     warm = load_warm_start(req.warm_start)
     try:
         kernels = parse_kernels(req.kernels)
@@ -116,27 +116,27 @@ def run(req: RunRequest) -> RunResult:
         # Replayed results never land beside configs measured on a GPU.
         req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
     if not req.dry_run:
-        from .fsutil import check_writable
+        from autotune.fileio.writing import check_writable
         try:
             check_writable(req.out)
         except OSError as e:
             raise UsageError(str(e))
         if req.json and Path(req.json).is_dir():
             raise UsageError(f"--json {req.json} is a folder; name a file")
-    device, pool, cache, exp, plans, memory = run_open.open_device(req, kernels)
+    device, pool, cache, exp, plans, memory = opening.open_device(req, kernels)
     if req.only_drifted and not any(fp.problems or fp.skipped for fp in plans):
         if pool is not None:
             pool.close()
         print(f"nothing drifted in {req.only_drifted}: every file fits this machine and SGLang "
-              f"{', '.join(run_open.targets(req))}; nothing to re-tune")
+              f"{', '.join(opening.targets(req))}; nothing to re-tune")
         return RunResult()
     skus = sku_names(req, device)
-    run_outputs.check_record_device(req.record, device)
-    from .scope import scope
+    outputs.check_record_device(req.record, device)
+    from autotune.run.scope import scope
     if req.dry_run:
         if pool is not None:
             pool.close()
-        run_outputs.refuse_nothing_to_tune(plans)
+        outputs.refuse_nothing_to_tune(plans)
         print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
               + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
               .get(device.kind, ""))
@@ -150,17 +150,17 @@ def run(req: RunRequest) -> RunResult:
                 print(f"not on this device: {fp.name}: {fp.unsupported}")
             for p, why in ([] if fp.unsupported else fp.skipped):
                 print(f"skip {fp.name} {p.key}: {why}")
-        for line in run_outputs.default_scope_note(req):
+        for line in outputs.default_scope_note(req):
             print(line)
         return RunResult()
-    run_name = run_outputs.run_name(req, device)
-    storage = run_outputs.outputs_then_storage(req, device, pool, plans, skus, run_name)
+    run_name = outputs.run_name(req, device)
+    storage = outputs.outputs_then_storage(req, device, pool, plans, skus, run_name)
     summary = new_summary()
     if memory is not None:
         summary["memory_plan"] = memory.to_dict()
-    from .folder_change import folder_change
-    from .run_lock import run_lock
-    from .storage import DEFAULT_STORAGE
+    from autotune.folder.change import folder_change
+    from autotune.run.run_lock import run_lock
+    from autotune.store.storage import DEFAULT_STORAGE
     with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name), \
             folder_change(Path(req.out) / device.file_name) as change:
         change.begin()
@@ -178,27 +178,27 @@ def run(req: RunRequest) -> RunResult:
             for p, lacking in fp.unrecorded:
                 print(f"replay: {fp.name} {p.key}: batch sizes {','.join(map(str, lacking))} are not in the "
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
-        if any(families.get(k).step == families.CONFIGS for k in kernels):
+        if any(registry.get(k).step == registry.CONFIGS for k in kernels):
             print_shared(exp)
-        from .study import Clock
+        from autotune.search.study import Clock
         clock = Clock(pool)
-        steps = run_open.by_step(plans)
+        steps = opening.by_step(plans)
         configs_written = False
-        if steps.get(families.CONFIGS) and hasattr(pool, "use_phase"):
-            pool.use_phase(run_open.phase_name(families.CONFIGS))
-        for fp in steps.get(families.CONFIGS, ()):
+        if steps.get(registry.CONFIGS) and hasattr(pool, "use_phase"):
+            pool.use_phase(opening.phase_name(registry.CONFIGS))
+        for fp in steps.get(registry.CONFIGS, ()):
             configs_written |= run_configs(req, fp, device, pool, storage, req.budget, clock, run_name, warm, summary)
-        if steps.get(families.CONFIGS) and not configs_written and not steps.get(families.BACKENDS):
+        if steps.get(registry.CONFIGS) and not configs_written and not steps.get(registry.BACKENDS):
             _raise_incomplete(summary)
-            raise NothingDone("no config of " + ", ".join(fp.name for fp in steps[families.CONFIGS]) + " ran "
+            raise NothingDone("no config of " + ", ".join(fp.name for fp in steps[registry.CONFIGS]) + " ran "
                               "correctly at any batch size: nothing written (the lines above say why)")
-        if steps.get(families.BACKENDS):
-            from .run_backends import run_backend_choice
+        if steps.get(registry.BACKENDS):
+            from autotune.run.backend_choice import run_backend_choice
             if hasattr(pool, "use_phase"):
-                pool.use_phase(run_open.phase_name(families.BACKENDS))
-            run_backend_choice(req, steps[families.BACKENDS], device, pool, storage, run_name, summary)
+                pool.use_phase(opening.phase_name(registry.BACKENDS))
+            run_backend_choice(req, steps[registry.BACKENDS], device, pool, storage, run_name, summary)
             if summary.get("backends_chosen") is False and not configs_written:
-                raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[families.BACKENDS])
+                raise NothingDone("no backend of " + ", ".join(fp.name for fp in steps[registry.BACKENDS])
                                   + " ran correctly at a measured batch size: nothing written (the tables above "
                                   "say why; --skip-backends may have left out the ones that run)")
         if memory is not None:
@@ -207,8 +207,8 @@ def run(req: RunRequest) -> RunResult:
     if change.outcome:
         print(change.outcome)
         summary.setdefault("incomplete", []).append(change.outcome)
-    from .run_common import after_search
-    after_search(summary, f"--json {req.json}", run_outputs.write_summary, req, device, summary)
+    from autotune.run.common import after_search
+    after_search(summary, f"--json {req.json}", outputs.write_summary, req, device, summary)
     _raise_incomplete(summary)
     return RunResult(summary, str(Path(req.out) / device.file_name))
 
@@ -223,9 +223,9 @@ def _raise_incomplete(summary: dict) -> None:
 def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
     """The settings of one family need it among the run's kernels: without it they were ignored in
     silence (a search space never read, server_args.yaml naming another family's runner)."""
-    from .warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
+    from autotune.search.warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
 
-    readers = {"--search-space": [n for n in families.names() if "space_path" in families.get(n).options],
+    readers = {"--search-space": [n for n in registry.names() if "space_path" in registry.get(n).options],
                "--warm-start": [FAMILY], "--only-drifted": [FAMILY]}
     for flag, value in (("--search-space", req.search_space), ("--warm-start", req.warm_start),
                         ("--only-drifted", req.only_drifted)):
@@ -238,20 +238,20 @@ def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
 
 
 def worker(req: WorkerRequest) -> None:
-    """Search the run's studies together with other workers sharing the storage (autotune.shared_study)."""
-    from .shared_study import search_shared
+    """Search the run's studies together with other workers sharing the storage (autotune.run.shared_study)."""
+    from autotune.run.shared_study import search_shared
     search_shared(req)
 
 
 def export(req: ExportRequest) -> None:
-    """Select and write the files from a shared study (autotune.shared_study)."""
-    from .shared_study import export_shared
+    """Select and write the files from a shared study (autotune.run.shared_study)."""
+    from autotune.run.shared_study import export_shared
     export_shared(req)
 
 
 def record(req: RecordRequest) -> None:
-    """Measure the whole grid into a measurement cache (autotune.grid_record)."""
-    from .grid_record import record_grid
+    """Measure the whole grid into a measurement cache (autotune.run.grid_record)."""
+    from autotune.run.grid_record import record_grid
     record_grid(req)
 
 

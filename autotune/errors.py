@@ -17,4 +17,4 @@ class Incomplete(Exception):
 
 
 class GpuMemoryExhausted(Incomplete):
-    """A measurement failed for want of GPU memory even with one worker on its GPU (autotune.worker)."""
+    """A measurement failed for want of GPU memory even with one worker on its GPU (autotune.measure.pool)."""

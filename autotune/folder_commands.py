@@ -8,16 +8,16 @@ import json
 import os
 from pathlib import Path
 
-from .errors import UsageError
-from .run_common import problems, shared_notes
+from autotune.errors import UsageError
+from autotune.run.common import problems, shared_notes
 
 
 # --- shapes ----------------------------------------------------------------------------------
 
 def shapes(sel, target_sm=None) -> list[str]:
     lines: list[str] = []
-    from . import device as devmod
-    from .kernels import get_family
+    from autotune.gpus import device as devmod
+    from autotune.families.protocol import get_family
 
     exp = problems(sel)
     fam = get_family("triton_moe", space_path=sel.search_space)
@@ -46,7 +46,7 @@ def shapes(sel, target_sm=None) -> list[str]:
             line += f"  | {' / '.join(counts)}"
         lines.append(line)
     lines += shared_notes(exp)
-    from .kernels.cross_compile import COMPILED_DIR, load
+    from autotune.families.triton_moe.cross_compile import COMPILED_DIR, load
     for t in targets:
         rec = load(t.sm)
         lines.append(f"sm{t.sm}: shared memory " + (f"exact, compiled with Triton {rec['triton']} ({len(rec['records'])} configs, "
@@ -62,7 +62,7 @@ def shapes(sel, target_sm=None) -> list[str]:
 
 
 def publish(to, src=None, branch=None, path=None) -> list[str]:
-    from .publish import PublishError, device_folder, publish as publish_folder
+    from autotune.publish import PublishError, device_folder, publish as publish_folder
 
     lines: list[str] = []
 
@@ -85,8 +85,8 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
 
 
 def merge_caches(caches, output) -> list[str]:
-    from .fsutil import claim
-    from .records import CACHE_OURS, CacheError, merge_caches as merged, write_cache
+    from autotune.fileio.writing import claim
+    from autotune.measure.records import CACHE_OURS, CacheError, merge_caches as merged, write_cache
 
     lines: list[str] = []
 
@@ -104,7 +104,7 @@ def install(folder, model_path, tp, pp=1, attn_dp=1, ep=1, dtype="bfloat16", qua
             moe_runner_backend=None, hf_config_class=None, cache_dir=None, skip_ops="") -> list[str]:
     lines: list[str] = []
     """The folder's FlashInfer cache into every rank's file of SGLang's cache for this server."""
-    from .export.install import InstallError, blocklist_hint, install
+    from autotune.export.install import InstallError, blocklist_hint, install
 
     given = quantization is not None
     quant = None if (quantization or "").lower() == "none" else quantization
@@ -128,16 +128,16 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
     """Compile every config of an architecture's space for it, here (no GPU needed), and record
     what each needs: the exact limits `check` then uses for that architecture."""
     lines: list[str] = []
-    from . import device as devmod
-    from .kernels import get_family
-    from .kernels.cross_compile import record
+    from autotune.gpus import device as devmod
+    from autotune.families.protocol import get_family
+    from autotune.families.triton_moe.cross_compile import record
 
     try:
         devmod.planned(target_sm)
     except devmod.NoDeviceError as e:
         raise UsageError(str(e)) from None
-    from .fsutil import claim, json_with
-    from .kernels.cross_compile import COMPILED_DIR
+    from autotune.fileio.writing import claim, json_with
+    from autotune.families.triton_moe.cross_compile import COMPILED_DIR
     claim(Path(out) if out else COMPILED_DIR / f"sm{target_sm}.json", json_with("sm", "records"), "--out")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
@@ -150,8 +150,8 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
 
 
 def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tuple[int, list[str]]:
-    from . import device as devmod
-    from .check import CheckError, check_folder
+    from autotune.gpus import device as devmod
+    from autotune.folder.check import CheckError, check_folder
 
     try:
         machine = devmod.detect()
@@ -169,16 +169,16 @@ def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tup
 
 def merge_choices(sources, out="tuned_configs") -> list[str]:
     lines: list[str] = []
-    from .export import server_args
+    from autotune.export import server_args
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
     import contextlib
 
-    from .device import DeviceInfo
-    from .errors import Incomplete
-    from .folder_change import folder_change, real
+    from autotune.gpus.device import DeviceInfo
+    from autotune.errors import Incomplete
+    from autotune.folder.change import folder_change, real
 
     try:
         server_args.check_merge(sources, out)      # every source, before anything is written

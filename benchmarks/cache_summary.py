@@ -8,7 +8,7 @@ import collections
 import statistics
 import sys
 
-from autotune.records import merge_caches
+from autotune.measure.records import merge_caches
 
 
 def main(paths: list[str]) -> None:

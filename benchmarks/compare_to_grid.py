@@ -24,11 +24,11 @@ def replayed_tuner(settings, pool_class=None):
     memory: the stand-in for the GPU that the replay benchmarks share."""
     import optuna
 
-    from autotune.kernels import get_family
-    from autotune.models import Problem
-    from autotune.records import read_cache
-    from autotune.replay import ReplayPool
-    from autotune.study import ProblemTuner
+    from autotune.families.protocol import get_family
+    from autotune.problems.models import Problem
+    from autotune.measure.records import read_cache
+    from autotune.measure.replay import ReplayPool
+    from autotune.search.study import ProblemTuner
 
     cache = read_cache(GRID)
     (pk, pd), = cache.problems.items()
@@ -65,11 +65,11 @@ def pair_us(cache, pk: str, M: int, up: dict, down: dict) -> float | None:
 
 
 def compare(configs: str | Path, grid: str | Path = GRID) -> list[dict]:
-    from autotune.device import DeviceInfo
-    from autotune.kernels.sglang_loader import sglang_selection
-    from autotune.kernels.triton_moe import TritonMoe
-    from autotune.models import Problem
-    from autotune.records import read_cache
+    from autotune.gpus.device import DeviceInfo
+    from autotune.adapters.sglang_loader import sglang_selection
+    from autotune.families.triton_moe import TritonMoe
+    from autotune.problems.models import Problem
+    from autotune.measure.records import read_cache
 
     cache = read_cache(grid)
     device = DeviceInfo.from_dict(cache.device)

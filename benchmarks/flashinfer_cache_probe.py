@@ -17,8 +17,8 @@ benchmarks/timing_state_probe.py, docs/NOTES.md). The run's workers take each ti
 throwaway one of the same launch, the steady state of a process alone on its GPU (as one SGLang server
 per GPU is); so does every arm here (`time_gpu(prime=True)`). `agrees`: pinned (a row kept at -1:
 default) is within the noise of the run's time for that tactic (the larger spread, at least 1%).
-Each timing is autotune's own (autotune.measure.time_gpu: CUDA graph, L2 flushed), on the same
-operands as the run's measurement (autotune.kernels.fp8_gemm).
+Each timing is autotune's own (autotune.measure.timing.time_gpu: CUDA graph, L2 flushed), on the same
+operands as the run's measurement (autotune.families.fp8_gemm).
 
 usage: python benchmarks/flashinfer_cache_probe.py --summary run.json --cache DIR/flashinfer_autotune_cache.json
            [--all] [--out probe.json] [--routings 10]
@@ -46,7 +46,7 @@ def pinned_rows(summary: dict, every: bool = False) -> list[dict]:
 
 
 def problem_of(key: str):
-    from autotune.models import GemmProblem
+    from autotune.problems.models import GemmProblem
 
     name, n, k, dtype = key.split(",")
     return GemmProblem(name, int(n.removeprefix("N=")), int(k.removeprefix("K=")), dtype)
@@ -113,9 +113,9 @@ def main() -> int:
     import torch
     from flashinfer.autotuner import AutoTuner, _tactic_to_json, autotune
 
-    from autotune.kernels.fp8_gemm import Fp8Gemm
-    from autotune.kernels.runner import discover
-    from autotune.measure import noise, time_gpu
+    from autotune.families.fp8_gemm import Fp8Gemm
+    from autotune.families.runner import discover
+    from autotune.measure.timing import noise, time_gpu
 
     try:
         rows = pinned_rows(json.loads(Path(args.summary).read_text()), every=args.all)
@@ -127,7 +127,7 @@ def main() -> int:
         print(f"the summary lists no {'FlashInfer tactic row' if args.all else 'pinned tactic (other than -1)'}: "
               "nothing to probe", file=sys.stderr)
         return 1
-    runners = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}
+    runners = {r.name: r for r in discover("autotune.families.fp8_gemm")}
     family, spy, tuner = Fp8Gemm(), Spy(), AutoTuner.get()
     out = []
     for row in rows:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import optuna
 
-from autotune.records import Measurement, is_resource_failure
-from autotune.storage import ATTR
+from autotune.measure.records import Measurement, is_resource_failure
+from autotune.store.storage import ATTR
 
 
 def audit_storage(url: str) -> dict:

@@ -25,8 +25,8 @@ from compare_to_grid import grid_optimum, replayed_tuner  # noqa: E402  (one def
 
 def one(args):
     seed, shipped, fraction = args
-    from autotune.select import select_problem
-    from autotune.study import TuneSettings
+    from autotune.families.triton_moe.pairs import select_problem
+    from autotune.search.study import TuneSettings
 
     t0 = time.time()
     settings = TuneSettings(trials=1000, seed=seed, use_shipped=shipped)

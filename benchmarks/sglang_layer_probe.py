@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every MoE runner / FP4 GEMM backend SGLang offers, launched through SGLang's own layers
-(autotune/kernels/sglang_layer.py) on this GPU, one fresh process per (experts, backend): what
+(autotune/adapters/sglang_layer.py) on this GPU, one fresh process per (experts, backend): what
 happens (refused by SGLang, unavailable, crash with its signal, NaN share, error vs the float32
 reference) and, where correct, the CUDA-graph time per call. A quick look before a full
 `autotune run`; the run itself does the same through its workers.
@@ -19,11 +19,11 @@ SHAPE = dict(E=512, N=128, K=4096, top_k=10)        # Qwen3.5-397B-A17B at TP8, 
 def one(case: str, Ms: list) -> dict:
     import torch
 
-    from autotune.kernels import moe_checkpoint as ck
-    from autotune.kernels import sglang_layer as L
-    from autotune.measure import check_output, time_gpu
-    from autotune.models import Problem
-    from autotune import nvfp4
+    from autotune.adapters import moe_checkpoint as ck
+    from autotune.adapters import sglang_layer as L
+    from autotune.measure.timing import check_output, time_gpu
+    from autotune.problems.models import Problem
+    from autotune.numerics import nvfp4
 
     kind, dtype, backend = case.split(":")
     out = {"case": case}

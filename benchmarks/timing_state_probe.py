@@ -6,7 +6,7 @@ launch included, is ~2.9 µs per call slower. This runs the pieces of that launc
 processes, each in a given order, so the numbers say which piece carries the change and whether
 anything in time_gpu's own state (the L2-flush buffer, cached memory) sets it:
   full    FlashInfer's public bmm_fp8 (cuBLAS, tactic -1) with the activation quantized per call,
-          as autotune.kernels.fp8_gemm times it
+          as autotune.families.fp8_gemm times it
   gemm    bmm_fp8 alone on operands quantized beforehand
   quant   the per-call activation quantization alone (torch ops)
   sgquant SGLang's per-tensor FP8 quantization kernel (what its FP8 linears run) alone
@@ -54,13 +54,13 @@ def one_process(order: list[str], M: int) -> list[dict]:
 
     import torch
 
-    from autotune import measure
-    from autotune.kernels.fp8_gemm import Fp8Gemm, per_tensor_x
-    from autotune.kernels.runner import discover
-    from autotune.models import GemmProblem
+    from autotune.measure import timing
+    from autotune.families.fp8_gemm import Fp8Gemm, per_tensor_x
+    from autotune.families.runner import discover
+    from autotune.problems.models import GemmProblem
 
     problem = GemmProblem("attn_qkv+linear_in_proj_qkvz", 2560, 4096, "fp8_w8a8_block")
-    runner = {r.name: r for r in discover("autotune.kernels.fp8_gemm")}["flashinfer_cublas"]
+    runner = {r.name: r for r in discover("autotune.families.fp8_gemm")}["flashinfer_cublas"]
     routings = 10
     inputs = Fp8Gemm().make_inputs(problem, "layer", M, routings=routings)
     pre = [runner._operands(inputs, i) for i in range(routings)]
@@ -81,7 +81,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
     }
     import time
     kept, one_stream = [], []
-    graph_of = measure._graph_of
+    graph_of = timing._graph_of
 
     def keep_graphs(launch, indices):
         kept.append(graph_of(launch, indices))
@@ -99,8 +99,8 @@ def one_process(order: list[str], M: int) -> list[dict]:
         return graph
 
     def series():
-        g = measure._graph_of(launches["full"], list(range(routings)))
-        per_call = measure.timed_replays(g, measure._flush_buffer(), 200, routings)
+        g = timing._graph_of(launches["full"], list(range(routings)))
+        per_call = timing.timed_replays(g, timing._flush_buffer(), 200, routings)
         del g
         return [round(statistics.median(per_call[i:i + 20]), 2) for i in range(0, 200, 20)]
 
@@ -115,7 +115,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
             neighbour[0].stdin.flush()
             neighbour[0].stdout.readline()
         elif name == "flush":
-            measure._flush_buffer()
+            timing._flush_buffer()
         elif name == "empty":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -127,7 +127,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
             subprocess.run([sys.executable, "-c", OTHER], check=True, capture_output=True)
         elif name == "graph":
             x = torch.zeros(1 << 10, device="cuda")
-            g = measure._graph_of(lambda i: x.add_(1), [0])
+            g = timing._graph_of(lambda i: x.add_(1), [0])
             g.replay()
             torch.cuda.synchronize()
             del g
@@ -146,19 +146,19 @@ def one_process(order: list[str], M: int) -> list[dict]:
             torch.cuda.synchronize()
             [a.elapsed_time(b) for a, b in pairs]
         elif name == "replays":
-            g = measure._graph_of(launches["full"], list(range(routings)))
+            g = timing._graph_of(launches["full"], list(range(routings)))
             for _ in range(500):
                 g.replay()
             torch.cuda.synchronize()
             del g
         elif name == "keep":
-            measure._graph_of = keep_graphs
+            timing._graph_of = keep_graphs
         elif name == "onestream":
-            measure._graph_of = on_one_stream
+            timing._graph_of = on_one_stream
         elif name == "prime":
             primed[0] = True
         elif name == "noflush":
-            measure._FLUSH = torch.empty(1, dtype=torch.int32, device="cuda")
+            timing._FLUSH = torch.empty(1, dtype=torch.int32, device="cuda")
         else:
             return False
         return True
@@ -171,7 +171,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
             rows.append({"step": step_no, "arm": name, "us": series()})
             continue
         try:
-            t = measure.time_gpu(launches[name], routings, repeats=21, prime=primed[0])
+            t = timing.time_gpu(launches[name], routings, repeats=21, prime=primed[0])
             rows.append({"step": step_no, "arm": name, "us": round(t.median_us, 3), "spread": round(t.spread, 4),
                          "calls": t.calls})
         except Exception as e:       # a launch that cannot run here: the row says why

@@ -28,10 +28,10 @@ from compare_to_grid import grid_optimum, replayed_tuner  # noqa: E402  (one def
 
 def one(args):
     seed, warm, trials = args
-    from autotune.replay import ReplayPool
-    from autotune.select import candidate_pairs
-    from autotune.study import TuneSettings
-    from autotune.warm_start import load
+    from autotune.measure.replay import ReplayPool
+    from autotune.families.triton_moe.pairs import candidate_pairs
+    from autotune.search.study import TuneSettings
+    from autotune.search.warm_start import load
 
     log = []                                   # (device seconds so far, measurement) in answer order
 

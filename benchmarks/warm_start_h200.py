@@ -5,7 +5,7 @@ Reads the SQLite storages of `autotune run` pairs made by scripts/device_steps.s
 own completion times in the storage (Optuna records them): t = 0 at the run's first trial start,
 so process start-up is not counted and every second after it is time the GPU was held. Per M: the
 first moment the best (gate_up, down) pair measured so far that shares BLOCK_SIZE_M (what SGLang
-can run: autotune.select.candidate_pairs, the metric of benchmarks/warm_start.py) is within 2% of
+can run: autotune.families.triton_moe.pairs.candidate_pairs, the metric of benchmarks/warm_start.py) is within 2% of
 the best pair either run found, and the same for 5%; the first pair each run could form, and how far
 it is from that best. These use the search-time measurements only. The selection's re-measurements
 (after the search) give each run's selected pair: the fastest re-measured pair sharing BLOCK_SIZE_M,
@@ -31,8 +31,8 @@ def timeline(db: str) -> tuple[str, dict, dict]:
     {M: [the selection's re-measurements]})."""
     import optuna
 
-    from autotune.records import Measurement
-    from autotune.storage import ATTR
+    from autotune.measure.records import Measurement
+    from autotune.store.storage import ATTR
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{db}"
@@ -62,7 +62,7 @@ def timeline(db: str) -> tuple[str, dict, dict]:
 
 def fastest_pair(ms) -> float | None:
     """µs of the fastest (gate_up, down) pair sharing BLOCK_SIZE_M among `ms`."""
-    from autotune.select import candidate_pairs
+    from autotune.families.triton_moe.pairs import candidate_pairs
 
     pairs = candidate_pairs([m for m in ms if m.gemm == "gate_up"], [m for m in ms if m.gemm == "down"], top=1)
     return pairs[0][2] if pairs else None
@@ -70,7 +70,7 @@ def fastest_pair(ms) -> float | None:
 
 def best_over_time(events) -> list[tuple[float, float]]:
     """(t, best pair µs so far) each time the best pair improves."""
-    from autotune.select import candidate_pairs
+    from autotune.families.triton_moe.pairs import candidate_pairs
 
     seen = {"gate_up": [], "down": []}
     out = []

@@ -34,7 +34,7 @@
 #              benchmarks/memory_audit.py: stored verdicts by status, resource failures stored as a config's
 #              failure (must be 0), keys per written file (must be 18). GPU memory used is in clocks.csv.
 #   confirm    issue 12: a short block-FP8 run (CONFIRM_BS, CONFIRM_BUDGET) whose per-M picks are confirmed as
-#              SGLang runs the layer (autotune/confirm.py); its provenance holds per_M[M]["layer"]
+#              SGLang runs the layer (autotune/families/triton_moe/confirm.py); its provenance holds per_M[M]["layer"]
 # Every call logs the GPU's SM/memory clocks, power and use every 100 ms to $OUT/clocks.csv (timing
 # across processes is compared against it).
 # Work files live in $WORK (default /tmp/at); the SQLite study travels back in work.tgz so a

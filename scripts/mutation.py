@@ -35,9 +35,9 @@ JUDGED = ("killed", "survived", "timeout")       # a mutant some quick test ran;
 # The mutants run (mutmut's names, fnmatch): every function of the modules pyproject.toml lists, but of
 # choice.py only the selection and the tactic pin. Its tuner's storage and task plumbing is reached
 # only by whole replayed runs, seconds for each of its hundreds of mutants.
-MUTANTS = ("autotune.measure.*", "autotune.select.*", "autotune.finalists.*", "autotune.server_choice.*",
-           "autotune.validate.gate.*", "autotune.export.sglang.*", "autotune.choice.x_pins_over_default_*",
-           *(f"autotune.choice.xǁBackendTunerǁ{f}_*" for f in ("select", "tactic_choices", "_choose", "disqualified",
+MUTANTS = ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*", "autotune.search.finalists.*", "autotune.search.server_choice.*",
+           "autotune.validate.gate.*", "autotune.export.sglang.*", "autotune.search.sieve.x_pins_over_default_*",
+           *(f"autotune.search.sieve.xǁBackendTunerǁ{f}_*" for f in ("select", "tactic_choices", "_choose", "disqualified",
                                                               "disqualified_tactics", "_failures")))
 
 

@@ -1,5 +1,5 @@
 """A kernel family whose outputs are made to measure, to pin the correctness check (tests of
-autotune.measure.check_output through autotune.measurer.Measurer, the path every trial takes).
+autotune.measure.timing.check_output through autotune.measure.measurer.Measurer, the path every trial takes).
 
 Its one "kernel" writes the float32 reference with a chosen relative error, or leaves its output
 buffer partly or wholly unwritten. The buffer starts out holding the right answer, as it does
@@ -17,7 +17,7 @@ tighter one).
 """
 from types import SimpleNamespace
 
-from autotune.spaces import Space
+from autotune.search.spaces import Space
 from tests.faulty_family import Faulty
 
 
@@ -27,7 +27,7 @@ class CheckedOutputs(Faulty):
     spec = "tests.checked_family:CheckedOutputs"
 
     def __init__(self, like: str = "triton_moe", dtype: str = "bf16", as_gpu: bool = False):
-        from autotune.kernels import get_family
+        from autotune.families.protocol import get_family
 
         self.like, self.dtype, self.as_gpu = get_family(like), dtype, as_gpu
 

@@ -23,7 +23,7 @@ GRID = ROOT / "tests/data/h200_triton_moe_bf16_grid.jsonl.gz"
 
 
 def pytest_configure(config):
-    # SGLang's loader answers are remembered on disk (autotune/kernels/sglang_loader.py): one memo
+    # SGLang's loader answers are remembered on disk (autotune/adapters/sglang_loader.py): one memo
     # for this test session, shared by its xdist workers and the processes they start (they
     # inherit the variable), never the user's own.
     if "PYTEST_XDIST_WORKER" not in os.environ and "AUTOTUNE_CACHE_DIR" not in os.environ:
@@ -106,17 +106,17 @@ def wait_for_trials(proc, db_path, n: int, what: str, timeout: float = 400) -> N
 
 @pytest.fixture(scope="session")
 def grid_cache():
-    from autotune.records import read_cache
+    from autotune.measure.records import read_cache
     return read_cache(GRID)
 
 
 @pytest.fixture(scope="session")
 def h200(grid_cache):
-    from autotune.device import DeviceInfo
+    from autotune.gpus.device import DeviceInfo
     return DeviceInfo.from_dict(grid_cache.device)
 
 
 @pytest.fixture
 def qwen397_bf16():
-    from autotune.models import Problem
+    from autotune.problems.models import Problem
     return Problem(E=512, N=128, K=4096, top_k=10, dtype="bf16", batch_sizes=(1, 8, 32, 64, 256, 1024, 4096))

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 
-from autotune.sglang_versions import KERNELS, LOADER, RUNNER  # where every supported release keeps them
+from autotune.adapters.sglang_versions import KERNELS, LOADER, RUNNER  # where every supported release keeps them
 
 PKG = "sglang.srt.layers.moe.moe_runner"
 

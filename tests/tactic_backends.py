@@ -19,10 +19,10 @@ the times that decide a test are the declared ones, whatever else the machine ru
 import warnings
 from dataclasses import dataclass
 
-from autotune.backends import Availability
-from autotune.kernels.moe_backends.flashinfer_cutlass import CutlassMoe
-from autotune.kernels.runner import FELL_BACK, Runner, exact_tactic
-from autotune.spaces import Space
+from autotune.families.capabilities import Availability
+from autotune.families.moe_backends.flashinfer_cutlass import CutlassMoe
+from autotune.families.runner import FELL_BACK, Runner, exact_tactic
+from autotune.search.spaces import Space
 from tests.faulty_backends import FaultyBackends
 
 SLEEP = {-1: 0.020, 0: 0.001, 1: 0.0005, 2: 0.0002, 3: 0.008, 4: 0.012}
@@ -34,7 +34,7 @@ class FakeRunner(Runner):
         return [-1, 0, 1, 2, 3] + ([4] if inputs.M == 64 else [])
 
     def cache_entries(self, problem, M, tactic):
-        from autotune.kernels.flashinfer_cache import CacheEntry
+        from autotune.adapters.flashinfer_cache import CacheEntry
         return [CacheEntry(self.flashinfer_op, self.flashinfer_runner, ((M, problem.K),), tactic)]
 
 

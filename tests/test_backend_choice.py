@@ -5,13 +5,13 @@ import argparse
 import optuna
 import pytest
 
-from autotune.choice import BackendTuner
-from autotune.server_choice import server_choice
-from autotune.device import DeviceInfo
+from autotune.search.sieve import BackendTuner
+from autotune.search.server_choice import server_choice
+from autotune.gpus.device import DeviceInfo
 from autotune.export import server_args
-from autotune.models import Problem
-from autotune.tasks import Settings
-from autotune.worker import WorkerPool
+from autotune.problems.models import Problem
+from autotune.measure.tasks import Settings
+from autotune.measure.pool import WorkerPool
 from tests.faulty_backends import FaultyBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every backend

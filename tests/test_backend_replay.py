@@ -7,8 +7,8 @@ import pytest
 
 from autotune.cli import main
 from autotune.export import server_args
-from autotune.models import Problem
-from autotune.records import Cache, Measurement, write_cache
+from autotune.problems.models import Problem
+from autotune.measure.records import Cache, Measurement, write_cache
 
 H200 = {"name": "NVIDIA H200", "sm": 90, "smem_optin": 232448, "versions": {"triton": "3.6.0", "cuda": "13.0"},
         "kind": "gpu"}
@@ -95,7 +95,7 @@ def test_unknown_skipped_backend_exits_2(tmp_path, cache_path, capsys):
 def test_a_backend_is_skipped_in_one_family_only(tmp_path, cache_path):
     """moe_bf16:flashinfer_cutlass leaves out the bf16 CUTLASS MoE (a JIT build this machine cannot
     afford) and nothing else: the other families keep theirs."""
-    from autotune.run_open import skipped_backends
+    from autotune.run.opening import skipped_backends
 
     skip = skipped_backends("moe_bf16:flashinfer_cutlass, marlin")
     assert skip["moe_bf16"] == ("flashinfer_cutlass",) and skip["moe_fp4"] == ("marlin",)
@@ -179,7 +179,7 @@ def test_merge_choices_folds_separate_runs_into_one_file(tmp_path, cache_path, c
 def test_careful_remeasurements_are_recorded_and_replayed(tmp_path, cache_path):
     """Backend choice re-times its finalists with more repeats and decides on those numbers; the
     record keeps them apart, so a replay of the record makes the GPU run's decisions again."""
-    from autotune.records import read_cache
+    from autotune.measure.records import read_cache
 
     c = read_cache(cache_path)
     for m in list(c.records.values()):                 # re-timed: triton is the faster one everywhere
@@ -233,7 +233,7 @@ def test_a_run_of_decode_batch_sizes_only_says_the_prefill_mix_was_not_measured(
 def test_a_recording_read_again_is_its_current_content_and_each_reader_owns_its_copy(cache_path):
     """read_cache keeps what it parsed for later runs in the same process: a rewritten file is read
     anew, and what one reader adds is not in the next reader's cache."""
-    from autotune.records import read_cache
+    from autotune.measure.records import read_cache
 
     first = read_cache(cache_path)
     n = len(first.records)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import device as devmod
+from autotune.gpus import device as devmod
 from autotune.cli import main
 
 FOLDER = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
@@ -46,7 +46,7 @@ def _rows(tuned, shipped, default, spread=0.005):
     ((11.0, 14.0, 10.0), 1, "slower than default by 10.0%"),
 ])
 def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(times, code, says):
-    from autotune.check import RETIME_MS, check_folder
+    from autotune.folder.check import RETIME_MS, check_folder
 
     got, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(), retime_gpu=True, timer=_rows(*times))
     assert got == code
@@ -59,14 +59,14 @@ def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(tim
 def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
     """One line, exit 2, before anything is timed (the re-timing needs a GPU; this is refused first)."""
     monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured())
-    monkeypatch.setattr("autotune.kernels.moe_layer.time_sides", lambda *a: pytest.fail("timed"))
+    monkeypatch.setattr("autotune.families.triton_moe.moe_layer.time_sides", lambda *a: pytest.fail("timed"))
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--batch-sizes", "3,5"]) == 2
     err = capsys.readouterr().err
     assert "--batch-sizes 3,5: no Triton MoE file" in err and "Traceback" not in err and err.count("\n") == 1
 
 
 def test_a_gpu_that_drifted_is_not_retimed(capsys):
-    from autotune.check import check_folder
+    from autotune.folder.check import check_folder
 
     def never(*a):
         raise AssertionError("re-timed on another GPU")
@@ -164,8 +164,8 @@ def test_sglangs_loader_reads_each_file(tmp_path):
     """The loader step on its own: a file SGLang's loader would not find under its name is drift."""
     import shutil
 
-    from autotune.check import read_provenance
-    from autotune.config_files import file_problems, sglang_loads
+    from autotune.folder.check import read_provenance
+    from autotune.folder.config_files import file_problems, sglang_loads
 
     folder = tmp_path / "NVIDIA_H200"
     shutil.copytree(FOLDER, folder)

@@ -3,10 +3,10 @@ the spread is written instead (with the margin), anything within the spread keep
 layer is timed with exactly the pairs the selection re-measured."""
 import pytest
 
-from autotune.confirm import confirm_by_layer
-from autotune.device import DeviceInfo
-from autotune.models import Problem
-from autotune.finalists import Choice
+from autotune.families.triton_moe.confirm import confirm_by_layer
+from autotune.gpus.device import DeviceInfo
+from autotune.problems.models import Problem
+from autotune.search.finalists import Choice
 
 H200 = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu")
 PROBLEM = Problem(512, 128, 4096, 10, "bf16")
@@ -78,9 +78,9 @@ def test_the_spread_decides_what_is_noise():
 def test_the_layer_runs_the_given_pairs_in_the_interpreter():
     """Given pairs (MoeSides' `configs`) through SGLang's kernels in Triton's interpreter: each given pair is checked against
     the float32 reference and timed (the numbers are the interpreter's: meaningless for speed)."""
-    from autotune.confirm import baseline_rows
-    from autotune.device import cpu_interpreter
-    from autotune.kernels.moe_layer import MoeSides, SideConfig, time_sides
+    from autotune.families.triton_moe.confirm import baseline_rows
+    from autotune.gpus.device import cpu_interpreter
+    from autotune.families.triton_moe.moe_layer import MoeSides, SideConfig, time_sides
 
     tiny = Problem(8, 32, 64, 2, "bf16")
     c = choice(2)

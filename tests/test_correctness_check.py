@@ -3,7 +3,7 @@ tolerance passes and one just outside fails, through the path every trial takes 
 Measurer: poison, launch, check against the family's tolerance); an output the launch did not
 write (wholly or half) fails, though its buffer still holds a right answer from an earlier launch.
 
-An audit planted `err <= 100 * tol` in autotune/measure.py and the whole suite passed: the tests
+An audit planted `err <= 100 * tol` in autotune/measure/timing.py and the whole suite passed: the tests
 only fed grossly wrong outputs. Here the outputs are off by 0.9x and 1.1x the tolerance, so a check
 10x looser or tighter, or a tolerance changed by 10x, fails a test."""
 import gzip
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import families, records
-from autotune.kernels import get_family
-from autotune.measure import check_output
-from autotune.measurer import Measurer
-from autotune.models import TRITON_DTYPES, Problem
-from autotune.tasks import Settings, Task
+from autotune.families import registry
+from autotune.measure import records
+from autotune.families.protocol import get_family
+from autotune.measure.timing import check_output
+from autotune.measure.measurer import Measurer
+from autotune.problems.models import TRITON_DTYPES, Problem
+from autotune.measure.tasks import Settings, Task
 from tests.checked_family import CheckedOutputs, perturbed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ INTERPRETER = 1e-4       # triton_moe under Triton's CPU interpreter: float32 th
 def cases() -> list[tuple[str, str]]:
     """Every (family, dtype) a run can check: the registry's, so a new family needs a pinned tolerance."""
     out = []
-    for name, fam in families.REGISTRY.items():
+    for name, fam in registry.REGISTRY.items():
         out += [(name, d) for d in ((fam.dtype,) if fam.dtype else TRITON_DTYPES)]
     return out
 
@@ -62,9 +63,9 @@ def _family_of(row: dict, problems: dict) -> str:
     if row["gemm"] != "layer":
         return "triton_moe"
     p = problems[row["problem"]]
-    kind = families.DENSE if p.get("kind") == "gemm" else families.MOE
-    (name,) = [n for n, f in families.REGISTRY.items()
-               if f.step == families.BACKENDS and f.problems == kind and f.dtype == p["dtype"]]
+    kind = registry.DENSE if p.get("kind") == "gemm" else registry.MOE
+    (name,) = [n for n, f in registry.REGISTRY.items()
+               if f.step == registry.BACKENDS and f.problems == kind and f.dtype == p["dtype"]]
     return name
 
 
@@ -114,7 +115,7 @@ def test_check_output_passes_just_inside_and_fails_just_outside(name, dtype, on_
 
 
 def test_an_error_of_exactly_the_tolerance_passes_and_the_reason_names_where_the_output_is_off():
-    from autotune.measure import rel_error
+    from autotune.measure.timing import rel_error
 
     ref = torch.arange(1.0, 21.0).reshape(4, 5)
     out = ref.clone()
@@ -187,7 +188,7 @@ def _triton_measurer():
 def test_the_triton_family_checks_its_own_output_buffer_at_its_interpreter_tolerance(monkeypatch, gemm):
     """The real family (SGLang's inputs, the float32 reference, the output buffer the kernel writes
     into), its launch replaced by one that writes the reference off by 0.9x / 1.1x the tolerance."""
-    from autotune.kernels.triton_moe import TritonMoe
+    from autotune.families.triton_moe import TritonMoe
 
     error = {}
 
@@ -208,7 +209,7 @@ def test_a_triton_launch_that_writes_nothing_fails_after_a_right_one_filled_its_
     """SGLang's kernel on Triton's interpreter fills the shared output buffer with the right answer;
     a later config whose launch writes nothing finds that answer still there: only the poison
     before each checked launch tells them apart."""
-    from autotune.kernels.triton_moe import TritonMoe
+    from autotune.families.triton_moe import TritonMoe
 
     one = _triton_measurer()
     first = one()

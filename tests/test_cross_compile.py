@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.device import planned
-from autotune.kernels.cross_compile import load, record_key
-from autotune.kernels.triton_moe import TritonMoe, smem_estimate
-from autotune.models import Problem
+from autotune.gpus.device import planned
+from autotune.families.triton_moe.cross_compile import load, record_key
+from autotune.families.triton_moe import TritonMoe, smem_estimate
+from autotune.problems.models import Problem
 
 ROOT = Path(__file__).resolve().parent.parent
 SM120 = planned(120)
@@ -29,9 +29,9 @@ def compile_in_fresh_process(samples) -> list:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = textwrap.dedent("""
         import json, sys
-        from autotune.kernels.cross_compile import compile_one, cross_target
-        from autotune.kernels.triton_moe import TritonMoe
-        from autotune.models import Problem
+        from autotune.families.triton_moe.cross_compile import compile_one, cross_target
+        from autotune.families.triton_moe import TritonMoe
+        from autotune.problems.models import Problem
         fam, cache, out = TritonMoe(), {}, []
         with cross_target(120):
             for dtype, gemm, cfg in json.loads(sys.argv[1]):
@@ -86,7 +86,7 @@ def test_architectures_without_a_record_keep_the_estimate(sm):
 def test_check_follows_the_record_not_the_estimate(monkeypatch):
     """The record decides for the configs it holds: a compile failure or an over-limit kernel is
     rejected with the compiler's word even where the estimate would admit it."""
-    import autotune.kernels.cross_compile as cc
+    import autotune.families.triton_moe.cross_compile as cc
 
     fam = TritonMoe()
     p = Problem(512, 128, 4096, 10, "bf16", (64,))

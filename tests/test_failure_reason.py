@@ -2,8 +2,8 @@
 --moe-runner-backend marlin died with a bare "AttributeError: 'NoneType' object has no attribute 'runner_backend'")."""
 import sys
 
-from autotune import records
-from autotune.measurer import classify, failure_reason
+from autotune.measure import records
+from autotune.measure.measurer import classify, failure_reason
 
 LIB = '''
 class Runner:

@@ -1,4 +1,4 @@
-"""Each kernel family is declared once (autotune/families.py), and a new one is one package plus one
+"""Each kernel family is declared once (autotune/families/registry.py), and a new one is one package plus one
 registry entry: the toy backend family of tests/toy_gemm/ is measured on this CPU by the measuring
 code a worker runs, and its recording replayed by `autotune run --kernels toy_gemm`, end to end,
 with nothing else of autotune/ told about it."""
@@ -6,25 +6,25 @@ import json
 
 import pytest
 
-from autotune import backends, families
+from autotune.families import capabilities, registry
 from autotune.cli import main
-from autotune.device import cpu_interpreter
-from autotune.kernels import get_family
-from autotune.measure import noise
-from autotune.records import Cache, write_cache
+from autotune.gpus.device import cpu_interpreter
+from autotune.families.protocol import get_family
+from autotune.measure.timing import noise
+from autotune.measure.records import Cache, write_cache
 
-TOY = families.Family("toy_gemm", "tests.toy_gemm:ToyGemm", families.BACKENDS, families.DENSE, "fp8_w8a8_block",
+TOY = registry.Family("toy_gemm", "tests.toy_gemm:ToyGemm", registry.BACKENDS, registry.DENSE, "fp8_w8a8_block",
                       "fp8-gemm-backend", "FP8_GEMM_RUNNER_BACKEND_CHOICES", "tests.toy_gemm", ("skip",))
 SCOPE = ["--model", "qwen3.5-35b-a3b", "--tp", "8", "--batch-sizes", "1,8"]
 
 
 def record_on_this_cpu(path):
     """The toy family's every backend at every M of its problems, measured in this process by
-    autotune.measurer (check against the reference, then time; a careful pass too, as selection
+    autotune.measure.measurer (check against the reference, then time; a careful pass too, as selection
     re-measures), written as a recording of this CPU."""
-    from autotune import models
-    from autotune.measurer import Measurer
-    from autotune.tasks import Settings, Task
+    from autotune.problems import models
+    from autotune.measure.measurer import Measurer
+    from autotune.measure.tasks import Settings, Task
 
     fam = get_family("toy_gemm")
     measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
@@ -33,7 +33,7 @@ def record_on_this_cpu(path):
     cache = Cache(cpu_interpreter().to_dict())
     for p in problems.values():
         cache.problems[p.key] = p.to_dict()
-        for b in (r.name for r in backends.runners("toy_gemm")):
+        for b in (r.name for r in capabilities.runners("toy_gemm")):
             for M in p.batch_sizes:
                 for careful in (False, True):
                     task = Task(p.to_dict(), p.key, "layer", {"backend": b, "tactic": -1}, [M], family=fam.spec,
@@ -44,8 +44,8 @@ def record_on_this_cpu(path):
 
 
 def test_a_toy_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, capsys):
-    with families.plugged(TOY):
-        assert "toy_gemm" in families.names() and [r.name for r in backends.runners("toy_gemm")] == \
+    with registry.plugged(TOY):
+        assert "toy_gemm" in registry.names() and [r.name for r in capabilities.runners("toy_gemm")] == \
             ["chunked", "doubled", "plain"]        # its package's modules, found by the capability table
         cache, problems = record_on_this_cpu(tmp_path / "toy.jsonl.gz")
         capsys.readouterr()
@@ -53,7 +53,7 @@ def test_a_toy_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, 
                    "--out", str(tmp_path / "out"), "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--quiet"])
         out = capsys.readouterr().out
     assert rc == 0, out
-    assert "toy_gemm" not in families.names()        # unplugged again
+    assert "toy_gemm" not in registry.names()        # unplugged again
     # The recording decides: the correct backend with the least layer-weighted time over the decode mix.
     totals = {b: sum(p.layers * cache.get(k, "layer", M, {"backend": b, "tactic": -1}, careful=True).time_us
                      for k, p in problems.items() for M in p.batch_sizes) for b in ("plain", "chunked")}
@@ -79,33 +79,33 @@ def test_the_registry_is_where_the_pipeline_reads_each_family():
     name, the runners' family and package, the MoE families' dtype, the flags SGLang is asked about."""
     from sglang.srt.arg_groups import choices
 
-    for name, spec in families.REGISTRY.items():
+    for name, spec in registry.REGISTRY.items():
         fam = get_family(name)
         assert fam.name == name
-        if spec.step == families.BACKENDS:
-            assert {r.family for r in backends.runners(name)} == {name}
+        if spec.step == registry.BACKENDS:
+            assert {r.family for r in capabilities.runners(name)} == {name}
             offered = getattr(choices, spec.sglang_choices)
-            assert all(r.sglang_value in offered for r in backends.runners(name) if r.sglang_value), name
-        if spec.problems == families.MOE and spec.dtype:
+            assert all(r.sglang_value in offered for r in capabilities.runners(name) if r.sglang_value), name
+        if spec.problems == registry.MOE and spec.dtype:
             assert fam.dtype == spec.dtype
-    assert families.with_flag("moe-runner-backend") == ("moe_bf16", "moe_fp8", "moe_fp4")
+    assert registry.with_flag("moe-runner-backend") == ("moe_bf16", "moe_fp8", "moe_fp4")
     with pytest.raises(ValueError, match="registered already"):
-        with families.plugged(families.get("fp8_gemm")):
+        with registry.plugged(registry.get("fp8_gemm")):
             pass
 
 
-TOY_CONFIGS = families.Family("toy_moe", "tests.toy_moe_configs:ToyMoeConfigs", families.CONFIGS, families.MOE,
+TOY_CONFIGS = registry.Family("toy_moe", "tests.toy_moe_configs:ToyMoeConfigs", registry.CONFIGS, registry.MOE,
                               "bf16", options=("sglang_versions",))
 
 
 def record_configs_on_this_cpu(path):
     """The toy config family's every config of both GEMMs at every M of its one problem, measured in
-    this process by autotune.measurer (search-time and careful), written as a recording of this CPU."""
-    from autotune import models
-    from autotune.measurer import Measurer
-    from autotune.tasks import Settings, Task
+    this process by autotune.measure.measurer (search-time and careful), written as a recording of this CPU."""
+    from autotune.problems import models
+    from autotune.measure.measurer import Measurer
+    from autotune.measure.tasks import Settings, Task
     from tests.toy_moe_configs import GEMMS, SPACE
-    from autotune.spaces import Space
+    from autotune.search.spaces import Space
 
     fam = get_family("toy_moe")
     measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
@@ -126,10 +126,10 @@ def record_configs_on_this_cpu(path):
 
 
 def test_a_toy_config_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, capsys):
-    from autotune.spaces import Space
+    from autotune.search.spaces import Space
     from tests.toy_moe_configs import DEFAULT, SPACE
 
-    with families.plugged(TOY_CONFIGS):
+    with registry.plugged(TOY_CONFIGS):
         cache, p = record_configs_on_this_cpu(tmp_path / "toy.jsonl.gz")
         capsys.readouterr()
         rc = main(["run", "--kernels", "toy_moe", "--replay", str(tmp_path / "toy.jsonl.gz"), *SCOPE,

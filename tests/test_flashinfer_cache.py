@@ -18,9 +18,18 @@ pytest.importorskip("flashinfer")
 from flashinfer.autotuner import AutoTuner, TunableRunner, _collect_metadata  # noqa: E402
 
 from autotune.export.flashinfer import sglang_cache_path  # noqa: E402
-from autotune.kernels.flashinfer_cache import (  # noqa: E402
-    BMM_FP8, CUTLASS_MOE_GEMM1, CUTLASS_MOE_GEMM2, MM_FP4, TRTLLM_FP4_MOE, CacheEntry, metadata_for,
-    profiled_shapes, tuning_config_for, write_cache)
+from autotune.adapters.flashinfer_cache import (
+    BMM_FP8,
+    CUTLASS_MOE_GEMM1,
+    CUTLASS_MOE_GEMM2,
+    MM_FP4,
+    TRTLLM_FP4_MOE,
+    CacheEntry,
+    metadata_for,
+    profiled_shapes,
+    tuning_config_for,
+    write_cache,
+)
 
 M, N, K = 100, 4096, 7168
 COLD = ("cuda_graph_profile_replays", 1, "l2_cache_policy", "cold")
@@ -444,7 +453,7 @@ def test_bmm_fp8_tactic_pins_under_flashinfers_own_key(runners, m):
     """The entry autotune's bmm_fp8 runner writes for a winning tactic is the key FlashInfer's
     fp8_gemm builds for the operands bmm_fp8 passes, runner class included; a batch between
     buckets gets no entry of its own (its bucket's entry serves it)."""
-    from autotune.kernels.fp8_gemm.flashinfer_cudnn import RUNNER
+    from autotune.families.fp8_gemm.flashinfer_cudnn import RUNNER
 
     problem = SimpleNamespace(N=N, K=K)
     [ours] = RUNNER.cache_entries(problem, m, [3, []])        # the tactic as the study stores it (JSON)
@@ -464,7 +473,7 @@ def test_mm_fp4_tactic_pins_under_flashinfers_own_key(runners, backend, m):
     FlashInfer's fp4_gemm builds for the operands SGLang's NVFP4 linear passes, extras included."""
     import importlib
 
-    ours_runner = importlib.import_module(f"autotune.kernels.fp4_gemm.{backend}").RUNNER
+    ours_runner = importlib.import_module(f"autotune.families.fp4_gemm.{backend}").RUNNER
     tactic = [3, []] if backend == "cudnn" else 5
     [ours] = ours_runner.cache_entries(SimpleNamespace(N=N, K=K), m, tactic)
     fi = runners["cudnn_fp4"] if backend == "cudnn" else CutlassFp4GemmRunner()
@@ -503,8 +512,8 @@ def test_cutlass_moe_pair_pins_gemm1_and_gemm2_under_flashinfers_own_keys(family
     keys the two choose_one calls of cutlass_fused_moe for SGLang's operands (bf16 activations,
     bf16 or int64-packed NVFP4 weights), once per (moe TP, moe EP) the problem is served at; a part
     left at -1 is pinned at -1; SGLang's unselectable FP8 variant writes nothing."""
-    from autotune.kernels.moe_backends.flashinfer_cutlass import GEMM_OPS, RUNNERS
-    from autotune.models import Problem
+    from autotune.families.moe_backends.flashinfer_cutlass import GEMM_OPS, RUNNERS
+    from autotune.problems.models import Problem
 
     from flashinfer.fused_moe import core
 
@@ -545,8 +554,8 @@ def test_sm120_b12x_tactics_are_listed_keyed_and_blocklisted_as_flashinfer_does(
     from flashinfer.tactics_blocklist import TacticsBlocklist
 
     from autotune.export import tactics as tactic_files
-    from autotune.kernels.fp4_gemm import Fp4Inputs
-    from autotune.kernels.fp4_gemm.b12x import RUNNER
+    from autotune.families.fp4_gemm import Fp4Inputs
+    from autotune.families.fp4_gemm.b12x import RUNNER
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
     monkeypatch.setattr(gb, "get_device_sm_count", lambda device: 188)
@@ -583,7 +592,7 @@ def test_a_tactic_is_measured_pinned_through_flashinfers_cache(runners, monkeypa
     loaded as SGLang loads ours, and FlashInfer's choose_one, the call SGLang's path makes, hands
     it out. A pin whose key is not the call's makes FlashInfer fall back to -1, and the launch fails
     as TacticNotRun instead of crediting the tactic with the default's time."""
-    from autotune.kernels.runner import TacticNotRun, flashinfer_pin
+    from autotune.families.runner import TacticNotRun, flashinfer_pin
 
     tuner = fresh_tuner()
     monkeypatch.setattr(AutoTuner, "get", staticmethod(lambda: tuner))

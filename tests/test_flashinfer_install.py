@@ -10,7 +10,7 @@ from flashinfer.autotuner import AutoTuner
 from flashinfer.autotuner.autotuner import _collect_metadata
 
 from autotune.cli import main
-from autotune.kernels.flashinfer_cache import CacheEntry, write_cache
+from autotune.adapters.flashinfer_cache import CacheEntry, write_cache
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
 from tests.test_flashinfer_cache import _sglang_path_function
 

@@ -1,4 +1,4 @@
-"""A tuned folder changes as one (autotune/folder_change.py): a write that fails anywhere in a command's
+"""A tuned folder changes as one (autotune/folder/change.py): a write that fails anywhere in a command's
 change set leaves the folder byte-identical; one writer at a time; a folder changed by another hand
 while a run measured is not swapped over."""
 import errno
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import fsutil
+from autotune.fileio import writing
 from autotune.cli import main
-from autotune.folder_change import FolderChange, folder_change, staged
-from autotune.run_lock import RunLocked
+from autotune.folder.change import FolderChange, folder_change, staged
+from autotune.run.run_lock import RunLocked
 from tests.conftest import GRID, ROOT
 
 
@@ -70,8 +70,8 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     folder = tmp_path / "NVIDIA_H200"
     with folder_change(folder):
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                "from autotune.folder_change import FolderChange\n"
-                "from autotune.run_lock import RunLocked\n"
+                "from autotune.folder.change import FolderChange\n"
+                "from autotune.run.run_lock import RunLocked\n"
                 f"try: FolderChange({str(folder)!r}).lock()\n"
                 "except RunLocked as e: print(e); sys.exit(3)\n")
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -144,7 +144,7 @@ def _setup_merge(root: Path):
 def test_a_write_failing_anywhere_in_a_change_leaves_the_folder_byte_identical(tmp_path, monkeypatch, capsys, setup):
     """Each writing command's change set: its first, a middle and its last write each fail in turn (a
     full disk), and the folder is byte-identical afterwards; then the same command puts the change in."""
-    real = fsutil.atomic_file
+    real = writing.atomic_file
     writes = []
 
     def counting(path):
@@ -152,7 +152,7 @@ def test_a_write_failing_anywhere_in_a_change_leaves_the_folder_byte_identical(t
             writes.append(path)
         return real(path)
     probe_args, _ = setup(tmp_path / "probe")           # the same change on a twin: how many writes it makes
-    monkeypatch.setattr(fsutil, "atomic_file", counting)
+    monkeypatch.setattr(writing, "atomic_file", counting)
     assert main(probe_args) == 0
     n = len(writes)
     assert n >= 2, writes
@@ -166,16 +166,16 @@ def test_a_write_failing_anywhere_in_a_change_leaves_the_folder_byte_identical(t
                 return real(path)
             writes.append(path)
             if len(writes) == k + 1:
-                raise fsutil.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
+                raise writing.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
             return real(path)
-        monkeypatch.setattr(fsutil, "atomic_file", failing)
+        monkeypatch.setattr(writing, "atomic_file", failing)
         capsys.readouterr()
         rc = main(args)
         err = capsys.readouterr().err
         assert rc != 0 and len(writes) > k, (k, rc, err)
         assert _bytes(out) == before, f"write {k + 1} of {n} failing changed the folder"
         assert _leftovers(out) == []
-    monkeypatch.setattr(fsutil, "atomic_file", real)
+    monkeypatch.setattr(writing, "atomic_file", real)
     assert main(args) == 0                              # the disk has room again: the change goes in
     assert _bytes(out) != before
 

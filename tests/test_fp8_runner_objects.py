@@ -6,9 +6,9 @@ runners need a GPU, so their factories are replaced by stand-ins that say which 
 import pytest
 from flashinfer.gemm import gemm_base as g
 
-from autotune.kernels.fp8_gemm import Fp8Gemm
-from autotune.kernels.runner import discover
-from autotune.models import GemmProblem
+from autotune.families.fp8_gemm import Fp8Gemm
+from autotune.families.runner import discover
+from autotune.problems.models import GemmProblem
 
 OFFERED = {"cublas": [0, 1, 2, 5], "cudnn": [(7, ((12, 3),)), (4, ((12, 9),))]}
 
@@ -25,7 +25,7 @@ class StandIn:
 def runners(monkeypatch):
     monkeypatch.setattr(g, "get_gemm_module", lambda: type("M", (), {"cublas_fp8_gemm_runner": lambda: StandIn("cublas")}))
     monkeypatch.setattr(g, "_cudnn_gemm_fp8_runner", lambda: StandIn("cudnn"))
-    return {r.name: r for r in discover("autotune.kernels.fp8_gemm")}
+    return {r.name: r for r in discover("autotune.families.fp8_gemm")}
 
 
 @pytest.mark.parametrize("first, second", [("flashinfer_cublas", "flashinfer_cudnn"),

@@ -3,7 +3,7 @@ hung worker waits (from the stack faulthandler dumps)."""
 import subprocess
 import sys
 
-from autotune.frames import raised_at, stuck_at
+from autotune.measure.frames import raised_at, stuck_at
 
 SCRIPT = '''
 import faulthandler, sys, threading

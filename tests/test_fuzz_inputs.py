@@ -266,7 +266,7 @@ def test_search_spaces(tier, capsys):
 @pytest.fixture(scope="module")
 def small_recording(tmp_path_factory) -> list[str]:
     """The H200 grid at M=8 only: the lines of a recording a replay run reads in a second."""
-    from autotune.records import Cache, read_cache, write_cache
+    from autotune.measure.records import Cache, read_cache, write_cache
 
     grid = read_cache(GRID)
     small = Cache(grid.device, {k: m for k, m in grid.records.items() if m.M == 8}, grid.problems, grid.notes)
@@ -572,7 +572,7 @@ def test_storage_urls_name_the_file_sqlite_opens(tier):
     exactly when SQLite refuses to write it."""
     import sqlalchemy
 
-    from autotune.storage_url import StorageUrlError, parse
+    from autotune.store.storage_url import StorageUrlError, parse
 
     @_settings(tier, 40)
     @given(storage_urls)

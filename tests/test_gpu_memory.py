@@ -3,11 +3,11 @@ process's share, the footprints families predict, and the plan said before anyth
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autotune import gpu_memory as gm
+from autotune.gpus import memory_plan as gm
 from autotune.cli import main
-from autotune.device import planned_gpu
-from autotune.gpus import CATALOG, GiB
-from autotune.models import Problem
+from autotune.gpus.device import planned_gpu
+from autotune.gpus.catalog import CATALOG, GiB
+from autotune.problems.models import Problem
 
 QWEN397_TP8 = Problem(512, 128, 4096, 10, "bf16")
 
@@ -111,7 +111,7 @@ def test_a_bad_memory_cap_is_one_line_before_anything_runs(monkeypatch, capsys, 
 
 
 def test_footprints_grow_with_the_problem_and_shrink_with_fp8_weights():
-    from autotune.kernels.triton_moe import TritonMoe
+    from autotune.families.triton_moe import TritonMoe
 
     fam, dev = TritonMoe(), planned_gpu("NVIDIA H200")
     small = fam.footprint(QWEN397_TP8, dev)
@@ -157,10 +157,10 @@ def test_a_worker_makes_room_for_a_large_batch_before_building_it():
     """The kept inputs of earlier batch sizes are dropped, least recently used first, until the next
     batch size's need fits under the worker's limit (on the H100 a worker holding them ran its own
     M=4096 out of memory); what still fits beside it stays."""
-    from autotune.kernels.triton_moe import TritonMoe
-    from autotune.measurer import ROOM, Measurer
-    from autotune.models import Problem
-    from autotune.tasks import Settings
+    from autotune.families.triton_moe import TritonMoe
+    from autotune.measure.measurer import ROOM, Measurer
+    from autotune.problems.models import Problem
+    from autotune.measure.tasks import Settings
 
     fam = TritonMoe()
     p = Problem(512, 128, 4096, 10, "bf16")

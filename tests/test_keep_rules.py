@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.backends import Availability
+from autotune.families.capabilities import Availability
 from autotune.cli import main
-from autotune.kernels.runner import Runner
-from autotune.measure import MIN_EFFECT, noise
-from autotune.records import read_cache, write_cache
-from autotune.server_choice import ServerChoice, server_choice
+from autotune.families.runner import Runner
+from autotune.measure.timing import MIN_EFFECT, noise
+from autotune.measure.records import read_cache, write_cache
+from autotune.search.server_choice import ServerChoice, server_choice
 from tests.conftest import GRID
 
 PROBLEM = "E=512,N=128,K=4096,topk=10,bf16"
@@ -79,10 +79,10 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
     """Provenance keeps 3 decimals: a re-export of the very same measurement (a re-run into its own
     folder) compared the rounded-down stored time against the exact new one and said "existing
     67.87 us beats new 67.87 us"; a new entry 0.001 us slower as stored is still beaten."""
-    from autotune.device import DeviceInfo
+    from autotune.gpus.device import DeviceInfo
     from autotune.export.sglang import export_problem
-    from autotune.finalists import Choice
-    from autotune.models import Problem
+    from autotune.search.finalists import Choice
+    from autotune.problems.models import Problem
 
     cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
            "num_stages": 4}

@@ -3,11 +3,11 @@ against the float32 reference the family checks every timed result with."""
 import pytest
 import torch
 
-from autotune.device import cpu_interpreter
-from autotune.kernels.moe_align import cpu_align_block_size
-from autotune.kernels.triton_moe import TritonMoe
-from autotune.measure import check_output
-from autotune.models import Problem
+from autotune.gpus.device import cpu_interpreter
+from autotune.families.triton_moe.moe_align import cpu_align_block_size
+from autotune.families.triton_moe import TritonMoe
+from autotune.measure.timing import check_output
+from autotune.problems.models import Problem
 
 PROBLEM = Problem(E=8, N=32, K=64, top_k=2, dtype="bf16")
 CONFIGS = [
@@ -19,7 +19,7 @@ CONFIGS = [
 @pytest.mark.parametrize("gemm", ["gate_up", "down"])
 @pytest.mark.parametrize("config", CONFIGS, ids=["bm16", "bm32"])
 def test_sglang_kernel_matches_reference(gemm, config):
-    from autotune.kernels.sglang_loader import sglang_context
+    from autotune.adapters.sglang_loader import sglang_context
     from sglang.srt import runtime_context as rc
 
     fam = TritonMoe()

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from autotune import models
+from autotune.problems import models
 from autotune.cli import main
 
 

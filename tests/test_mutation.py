@@ -29,24 +29,24 @@ WITHIN_NOISE = ["tests/test_keep_rules.py::test_auto_stays_unless_beaten_beyond_
 
 # name: (file, what is there, what is planted instead, the quick tests that must each fail)
 PLANTED = {
-    "check 10x looser": ("autotune/measure.py", "if not err <= tol:", "if not err <= 10 * tol:", CORRECTNESS),
-    "check 10x tighter": ("autotune/measure.py", "if not err <= tol:", "if not err <= tol / 10:", CORRECTNESS),
-    "bf16 Triton tolerance 10x looser": ("autotune/kernels/triton_moe.py", '"bf16": 1e-2,', '"bf16": 1e-1,',
+    "check 10x looser": ("autotune/measure/timing.py", "if not err <= tol:", "if not err <= 10 * tol:", CORRECTNESS),
+    "check 10x tighter": ("autotune/measure/timing.py", "if not err <= tol:", "if not err <= tol / 10:", CORRECTNESS),
+    "bf16 Triton tolerance 10x looser": ("autotune/families/triton_moe/__init__.py", '"bf16": 1e-2,', '"bf16": 1e-1,',
                                          PINNED),
-    "bf16 MoE runners' tolerance 10x tighter": ("autotune/kernels/moe_backends/__init__.py",
+    "bf16 MoE runners' tolerance 10x tighter": ("autotune/families/moe_backends/__init__.py",
                                                 '    name = "moe_bf16"\n    tol = 0.02\n',
                                                 '    name = "moe_bf16"\n    tol = 0.002\n', PINNED),
-    "no NaN poison": ("autotune/measurer.py", 'inputs.C.fill_(float("nan"))', "pass",
+    "no NaN poison": ("autotune/measure/measurer.py", 'inputs.C.fill_(float("nan"))', "pass",
                       ["tests/test_correctness_check.py::test_an_output_the_launch_did_not_write_fails_though_its_"
                        "buffer_held_a_right_answer",
                        "tests/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
                        "one_filled_its_buffer"]),
     "keep-faster inverted": ("autotune/export/sglang.py", 'old["tuned_us"] < round(new.total_us, 3)',
                              'old["tuned_us"] > round(new.total_us, 3)', KEEP_FASTER),
-    "within-noise inverted": ("autotune/server_choice.py", "if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:",
+    "within-noise inverted": ("autotune/search/server_choice.py", "if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:",
                               "if eligible[best] * (1 + noise(*spreads)) < eligible[auto]:", WITHIN_NOISE),
-    "within-noise dropped": ("autotune/server_choice.py", "(1 + noise(*spreads))", "1", WITHIN_NOISE),
-    "a tie to the tuned config": ("autotune/finalists.py", "s.finalist.source == TUNED", "s.finalist.source != TUNED",
+    "within-noise dropped": ("autotune/search/server_choice.py", "(1 + noise(*spreads))", "1", WITHIN_NOISE),
+    "a tie to the tuned config": ("autotune/search/finalists.py", "s.finalist.source == TUNED", "s.finalist.source != TUNED",
                                   ["tests/test_selection.py::test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_"
                                    "the_baseline"]),
 }
@@ -86,9 +86,9 @@ def quick_tests(tree: Path, tests: list[str]) -> dict[str, bool]:
 @pytest.mark.slow
 def test_the_copy_imports_its_own_autotune(tmp_path):
     tree = copy_tree(tmp_path / "tree")
-    out = subprocess.run([sys.executable, "-c", "import autotune.measure as m; print(m.__file__)"], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-c", "import autotune.measure.timing as m; print(m.__file__)"], cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True)
-    assert Path(out.stdout.strip()).resolve() == (tree / "autotune/measure.py").resolve()
+    assert Path(out.stdout.strip()).resolve() == (tree / "autotune/measure/timing.py").resolve()
 
 
 @pytest.mark.slow
@@ -123,23 +123,24 @@ def test_the_runner_scores_the_mutants_it_ran_by_mutmuts_own_exit_codes(tmp_path
     import json
 
     runner = _runner()
-    meta = tmp_path / "mutants/autotune/choice.py.meta"
+    meta = tmp_path / "mutants/autotune/search/sieve.py.meta"
     meta.parent.mkdir(parents=True)
-    codes = {"autotune.choice.x_pins_over_default__mutmut_1": 1, "autotune.choice.x_pins_over_default__mutmut_2": 0,
-             "autotune.choice.xǁBackendTunerǁselect__mutmut_1": 1, "autotune.choice.xǁBackendTunerǁselect__mutmut_2": 36,
-             "autotune.choice.xǁBackendTunerǁmeasure__mutmut_1": 0,          # not asked for: not counted
-             "autotune.choice.x_tactic_id__mutmut_1": 33}
+    codes = {"autotune.search.sieve.x_pins_over_default__mutmut_1": 1, "autotune.search.sieve.x_pins_over_default__mutmut_2": 0,
+             "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_1": 1, "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_2": 36,
+             "autotune.search.sieve.xǁBackendTunerǁmeasure__mutmut_1": 0,          # not asked for: not counted
+             "autotune.search.sieve.x_tactic_id__mutmut_1": 33}
     meta.write_text(json.dumps({"exit_code_by_key": codes}))
-    (tmp_path / "mutants/autotune/measure.py.meta").write_text(json.dumps({"exit_code_by_key": {
-        "autotune.measure.x_time_gpu__mutmut_1": 33, "autotune.measure.x_check_output__mutmut_1": None}}))
+    (tmp_path / "mutants/autotune/measure").mkdir()
+    (tmp_path / "mutants/autotune/measure/timing.py.meta").write_text(json.dumps({"exit_code_by_key": {
+        "autotune.measure.timing.x_time_gpu__mutmut_1": 33, "autotune.measure.timing.x_check_output__mutmut_1": None}}))
     res = runner.results(tmp_path)
-    assert res["autotune/choice.py"] == {"autotune.choice.x_pins_over_default__mutmut_1": "killed",
-                                         "autotune.choice.x_pins_over_default__mutmut_2": "survived",
-                                         "autotune.choice.xǁBackendTunerǁselect__mutmut_1": "killed",
-                                         "autotune.choice.xǁBackendTunerǁselect__mutmut_2": "timeout"}
+    assert res["autotune/search/sieve.py"] == {"autotune.search.sieve.x_pins_over_default__mutmut_1": "killed",
+                                         "autotune.search.sieve.x_pins_over_default__mutmut_2": "survived",
+                                         "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_1": "killed",
+                                         "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_2": "timeout"}
     r = runner.report(res, finished=False, seconds=12.4)
     assert r["score"] == 2 / 4 and r["total"] == {"killed": 2, "survived": 1, "timeout": 1, "no tests": 1,
                                                    "not checked": 1}
-    assert r["survivors"] == ["autotune.choice.x_pins_over_default__mutmut_2",
-                              "autotune.choice.xǁBackendTunerǁselect__mutmut_2"]
+    assert r["survivors"] == ["autotune.search.sieve.x_pins_over_default__mutmut_2",
+                              "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_2"]
     assert runner.score(["no tests", "not checked"]) is None

@@ -29,7 +29,7 @@ def _files(t) -> dict:
 
 
 def test_a_failed_record_costs_the_recording_only_and_the_same_command_writes_it(tmp_path, capsys, monkeypatch):
-    from autotune import records
+    from autotune.measure import records
 
     real = records.write_cache
 
@@ -48,11 +48,11 @@ def test_a_failed_record_costs_the_recording_only_and_the_same_command_writes_it
 
 
 def test_a_failed_summary_is_one_line_after_the_files(tmp_path, capsys, monkeypatch):
-    from autotune import run_outputs
+    from autotune.run import outputs
 
     def broken(*a, **k):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(run_outputs, "write_summary", broken)
+    monkeypatch.setattr(outputs, "write_summary", broken)
     _incomplete(capsys, main(_run(tmp_path, "--json", str(tmp_path / "s.json"))), "--json", "Permission denied")
     assert any(name.endswith("_down.json") for name in _files(tmp_path))
 
@@ -60,9 +60,10 @@ def test_a_failed_summary_is_one_line_after_the_files(tmp_path, capsys, monkeypa
 def test_a_failed_layer_check_keeps_the_picks_and_says_so(capsys):
     import torch
 
-    from autotune import confirm, run_configs
-    from autotune.device import DeviceInfo
-    from autotune.models import Problem
+    from autotune.families.triton_moe import confirm
+    from autotune.run import config_search
+    from autotune.gpus.device import DeviceInfo
+    from autotune.problems.models import Problem
 
     def out_of_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
@@ -70,7 +71,7 @@ def test_a_failed_layer_check_keeps_the_picks_and_says_so(capsys):
     real = confirm.confirm_by_layer
     confirm.confirm_by_layer = out_of_memory
     try:
-        layer = run_configs._confirm_by_layer(Problem(512, 128, 4096, 10, "bf16"), {}, DeviceInfo(
+        layer = config_search._confirm_by_layer(Problem(512, 128, 4096, 10, "bf16"), {}, DeviceInfo(
             "NVIDIA H100 80GB HBM3", 90, 232448), None, summary)
     finally:
         confirm.confirm_by_layer = real
@@ -105,7 +106,7 @@ def test_a_batch_size_no_config_ran_at_gets_a_line_and_exit_4_and_the_others_the
 
 
 def test_every_batch_size_of_the_problem_has_a_key(tmp_path, capsys):
-    from autotune.config_files import config_folder
+    from autotune.folder.config_files import config_folder
 
     assert main([*RUN, "--replay", str(GRID), "--out", str(tmp_path / "out"),
                  "--storage", f"sqlite:///{tmp_path / 'a.db'}"]) == 0

@@ -1,10 +1,10 @@
-"""autotune.nvfp4: the float32 NVFP4 reference (conventions of FlashInfer 0.7.2)."""
+"""autotune.numerics.nvfp4: the float32 NVFP4 reference (conventions of FlashInfer 0.7.2)."""
 import math
 
 import pytest
 import torch
 
-from autotune import nvfp4
+from autotune.numerics import nvfp4
 
 FLT_MAX = torch.finfo(torch.float32).max
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -7,8 +7,8 @@ import pytest
 
 from autotune.cli import main
 from autotune.export.overlay import overlay_shipped
-from autotune.kernels.sglang_loader import builtin_config_dir, sglang_selection
-from autotune.models import Problem
+from autotune.adapters.sglang_loader import builtin_config_dir, sglang_selection
+from autotune.problems.models import Problem
 from tests.conftest import GRID
 
 TUNED = "E=512,N=128,device_name=NVIDIA_H200.json"

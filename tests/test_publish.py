@@ -5,10 +5,10 @@ import subprocess
 import pytest
 
 from autotune.cli import main
-from autotune.device import DeviceInfo
+from autotune.gpus.device import DeviceInfo
 from autotune.export.sglang import export_problem
-from autotune.models import Problem
-from autotune.finalists import Choice
+from autotune.problems.models import Problem
+from autotune.search.finalists import Choice
 
 DEV = DeviceInfo("NVIDIA RTX PRO 6000 Blackwell Server Edition", 120, 101376,
                  versions={"triton": "3.6.0", "sglang": "0.5.23", "torch": "2.11.0"})

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from autotune.cli import main
-from autotune.fsutil import Outside, listed
+from autotune.fileio.writing import Outside, listed
 from tests.conftest import GRID, ROOT
 from tests.test_publish import DEV, UP, git, tuned
 
@@ -64,7 +64,7 @@ def test_an_overlay_naming_a_file_outside_its_folder_removes_nothing(tmp_path):
     """overlay_shipped removes an earlier overlay's copies it no longer wants: a name out of the
     folder (or a folder linked out of it) would have removed the user's file there."""
     from autotune.export.overlay import overlay_shipped
-    from autotune.fsutil import FileFormatError
+    from autotune.fileio.writing import FileFormatError
 
     victim = tmp_path / "victim.json"
     victim.write_text('{"mine": true}\n')
@@ -122,5 +122,5 @@ def test_listed_names_a_path_relative_to_its_folder_exactly(tmp_path):
         assert not ours(tmp_path / other), other           # a name matched by its end claimed these
     assert not ours(tmp_path.parent / "config.json")
     with pytest.raises(Outside):
-        from autotune.fsutil import inside
+        from autotune.fileio.writing import inside
         inside(tmp_path, "../config.json")

@@ -7,8 +7,8 @@ import pytest
 from autotune.cli import main
 from pathlib import Path
 
-from autotune import models
-from autotune.models import PRESETS, ModelError
+from autotune.problems import models
+from autotune.problems.models import PRESETS, ModelError
 from autotune.validate.rank_model import preset_hf_config, qwen35_hf_config, rank_config
 
 FULL = qwen35_hf_config(PRESETS["qwen3.5-397b-a17b"])
@@ -77,7 +77,7 @@ def test_block_fp8_rank_builds_under_sglangs_own_quantization_rules():
     keeps the DeltaNet b/a projections bf16 (8 rows per rank at TP8: no 128-block divides them,
     and SGLang 0.5.16 refused to build the layer on the H200 without this) and quantizes every
     other projection, each of whose per-rank dimensions the block divides."""
-    from autotune.kernels.sglang_loader import sglang_submodule
+    from autotune.adapters.sglang_loader import sglang_submodule
     from autotune.validate.rank_model import block_fp8_dims
 
     fp8 = sglang_submodule("sglang.srt.layers.quantization", "fp8")

@@ -70,7 +70,7 @@ def tactic_figures() -> list[str]:
     later = json.loads(LATER_LEASE.read_text())
     pins = [[r for r in rows if r["tactic"] != "-1"] for rows in runs]
     later_pins = [r for r in later if r["tactic"] != "-1"]
-    from autotune.measure import MIN_EFFECT
+    from autotune.measure.timing import MIN_EFFECT
     later_gain = [r["default µs"] / r["pinned µs"] - 1 for r in later_pins]
     below = sum(g < MIN_EFFECT for g in later_gain)
     assert {(r["problem"], r["M"], r["tactic"]) for r in later_pins} == {(r["problem"], r["M"], r["tactic"]) for r in pins[0]}
@@ -104,7 +104,7 @@ def install_figures() -> list[str]:
                                                 .read_text(), re.M)}
     heavy = sum(v for k, v in mib.items() if k.startswith(("torch", "triton", "nvidia-", "cuda-")))
     gb = lambda m: f"{m * 2 ** 20 / 1e9:.0f} GB"          # noqa: E731
-    from autotune.study import TuneSettings
+    from autotune.search.study import TuneSettings
     return [f"unpacking its {gb(sum(mib.values()))}, {gb(heavy)} of them torch, Triton and the CUDA libraries",
             f"the last {TuneSettings.polish:.0%} of a study's trials polish"]
 

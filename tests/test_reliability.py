@@ -189,7 +189,7 @@ CASES = {
     "budget-no-unit": (lambda t: _run(t, "--budget", "20"), 2, "--budget has no unit in '20'"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
-    # issue 23, second sweep (at 260a431): refused by construction (autotune/reading.py, inputs.py, storage.py)
+    # issue 23, second sweep (at 260a431): refused by construction (autotune/fileio/reading.py, inputs.py, storage.py)
     "config-nested-too-deep": (lambda t: ["shapes", "--model-config", _write(t / "config.json", _deep("{\"a\": ", "}"))],
                                2, "is not valid JSON: nested too deeply to read"),
     "space-nested-too-deep": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", "family: triton_moe\nparams: "
@@ -576,10 +576,10 @@ MOE_CONFIG = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_si
 
 def _users_sku_file(t: Path) -> bool:
     """A user's file where --device-name 'NVIDIA H200 NVL' would write its copy of the tuned file."""
-    from autotune.device import DeviceInfo
-    from autotune.kernels.sglang_loader import sglang_file_name
-    from autotune.models import Problem
-    from autotune.records import read_cache
+    from autotune.gpus.device import DeviceInfo
+    from autotune.adapters.sglang_loader import sglang_file_name
+    from autotune.problems.models import Problem
+    from autotune.measure.records import read_cache
 
     dev = DeviceInfo.from_dict(read_cache(GRID).device)
     name = sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), dev).replace("NVIDIA_H200", "NVIDIA_H200_NVL")
@@ -690,7 +690,7 @@ def _refuse_commits(repo: Path) -> None:
 def _interrupt_after_one_file(monkeypatch):
     """Ctrl-C after publish wrote its first file into the serving repo."""
     import autotune.publish as publish
-    from autotune.fsutil import write_bytes
+    from autotune.fileio.writing import write_bytes
 
     def write_all(files):
         path, (data, _) = next(iter(files.items()))

@@ -39,7 +39,7 @@ def test_replay_writes_sglang_files_and_labels_itself(first_run, capsys):
 
 
 def test_tuned_is_never_slower_than_sglangs_default_or_shipped(first_run, grid_cache, h200, qwen397_bf16):
-    from autotune.kernels.triton_moe import TritonMoe
+    from autotune.families.triton_moe import TritonMoe
 
     folder = first_run / "out/NVIDIA_H200/configs/triton_3_6_0"
     up = json.loads((folder / "E=512,N=128,device_name=NVIDIA_H200.json").read_text())

@@ -4,16 +4,16 @@ storage of an earlier release that holds one as a runtime error or a crash measu
 import optuna
 import pytest
 
-from autotune import records
-from autotune.device import cpu_interpreter
+from autotune.measure import records
+from autotune.gpus.device import cpu_interpreter
 from autotune.errors import GpuMemoryExhausted
-from autotune.measurer import classify
-from autotune.models import Problem
-from autotune.records import Measurement, is_resource_failure
-from autotune.storage import ATTR, Store
-from autotune.study import ProblemTuner, TuneSettings
-from autotune.tasks import Settings, Task, run_tasks
-from autotune.worker import WorkerPool
+from autotune.measure.measurer import classify
+from autotune.problems.models import Problem
+from autotune.measure.records import Measurement, is_resource_failure
+from autotune.store.storage import ATTR, Store
+from autotune.search.study import ProblemTuner, TuneSettings
+from autotune.measure.tasks import Settings, Task, run_tasks
+from autotune.measure.pool import WorkerPool
 from tests.faulty_family import OomFaulty
 
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
@@ -112,7 +112,7 @@ def test_an_old_storages_out_of_memory_rows_are_measured_again_on_resume(state, 
     # and a careful re-measurement of "ok" lost to out of memory
     dists = {("g", M): {"mode": optuna.distributions.IntDistribution(0, 1)} for M in PROBLEM.batch_sizes}
     store = Store(storage, dists)
-    from autotune.storage import config_study_name
+    from autotune.store.storage import config_study_name
     study = store.open(("g", 1), config_study_name(fam.name, dev.file_name, PROBLEM.key, "g", 1))
     old = records.failure(PROBLEM.key, "g", 1, {"mode": "oom_once"}, records.RUNTIME_ERROR,
                           f"first launch: OutOfMemoryError: {OOM}")

@@ -3,7 +3,7 @@ import gzip
 import json
 
 from autotune.cli import main
-from autotune.scope import REFERENCE
+from autotune.run.scope import REFERENCE
 from tests.conftest import GRID
 
 BASE = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe"]
@@ -109,7 +109,7 @@ def test_dry_run_for_a_gpu_without_recordings_says_whose_costs_it_borrows(tmp_pa
 def test_a_target_device_must_be_known_and_only_plans(tmp_path, capsys):
     assert main([*QWEN, "--target-device", "NVIDIA GeForce 256"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    from autotune.gpus import CATALOG
+    from autotune.gpus.catalog import CATALOG
     assert len(err) == 1 and "is not a GPU autotune can plan for; known: " in err[0]
     assert all(repr(g.name) in err[0] for g in CATALOG)          # the catalog, every name
     assert main(["run", "--shapes", "qwen3.5", "--target-device", "NVIDIA H200", "--out", str(tmp_path / "o")]) == 2

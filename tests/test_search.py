@@ -2,11 +2,11 @@
 import optuna
 import pytest
 
-from autotune.kernels import get_family
-from autotune.records import Measurement, config_key
-from autotune.replay import ReplayPool
-from autotune.select import candidate_pairs
-from autotune.study import ProblemTuner, TuneSettings
+from autotune.families.protocol import get_family
+from autotune.measure.records import Measurement, config_key
+from autotune.measure.replay import ReplayPool
+from autotune.families.triton_moe.pairs import candidate_pairs
+from autotune.search.study import ProblemTuner, TuneSettings
 
 
 def _m(gemm, bm, bn, t):
@@ -27,7 +27,7 @@ def test_failed_measurements_never_form_pairs():
 
 
 def _tuner(grid_cache, **kw):
-    from autotune.models import Problem
+    from autotune.problems.models import Problem
 
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8, 32]})
     pool = ReplayPool(grid_cache)
@@ -82,7 +82,7 @@ def test_a_study_read_in_optunas_dashboard_shows_tile_sizes(grid_cache):
 def test_a_warm_start_begins_each_study_with_another_studys_best_configs(grid_cache):
     """Warm start from the H200 block-FP8 run (another dtype of the shape): each bf16 study's
     first asks are that run's fastest configs at the nearest M, where bf16's rules admit them."""
-    from autotune.warm_start import fit, load
+    from autotune.search.warm_start import fit, load
     from tests.conftest import ROOT
 
     warm = load(str(ROOT / "benchmarks/data/h200_run_fp8_block_2026-12-01.jsonl.gz"))
@@ -101,7 +101,7 @@ def test_a_warm_start_begins_each_study_with_another_studys_best_configs(grid_ca
 
 
 def test_a_warm_start_source_of_another_family_is_refused():
-    from autotune.warm_start import WarmStartError, load
+    from autotune.search.warm_start import WarmStartError, load
     from tests.conftest import ROOT
 
     with pytest.raises(WarmStartError, match="holds no triton_moe measurements"):
@@ -112,7 +112,7 @@ def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, 
     """Ctrl-C or SIGTERM (the CLI turns it into KeyboardInterrupt) while a trial is measured: that
     trial ends FAIL with the reason, its parameters are queued, nothing is left RUNNING, and a
     new run on the storage asks it first and finishes every study's budget."""
-    from autotune.models import Problem
+    from autotune.problems.models import Problem
 
     class InterruptedPool(ReplayPool):
         polls, armed = 0, False
@@ -157,7 +157,7 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
     import json
     import random
 
-    from autotune.records import CONFIG_ORDER, canonical, config_key
+    from autotune.measure.records import CONFIG_ORDER, canonical, config_key
 
     rng = random.Random(0)
     configs = [{"backend": "flashinfer_cudnn", "tactic": [7, [[12, 41]]]}, {"backend": "triton", "tactic": -1}, {},
@@ -175,7 +175,7 @@ class _Stopped(BaseException):
 
 
 def _resumable_run(grid_cache, storage):
-    from autotune.models import Problem
+    from autotune.problems.models import Problem
 
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
     pool = ReplayPool(grid_cache)
@@ -241,7 +241,7 @@ def test_a_stop_arriving_inside_any_storage_write_lands_after_it_and_the_run_res
     import os
     import signal
 
-    from autotune.models import Problem
+    from autotune.problems.models import Problem
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})

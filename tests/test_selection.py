@@ -1,4 +1,4 @@
-"""Selection, unit by unit (autotune.select, autotune.finalists): which pairs become finalists, what a
+"""Selection, unit by unit (autotune.families.triton_moe.pairs, autotune.search.finalists): which pairs become finalists, what a
 re-measurement is asked and reused, and which finalist wins. The end-to-end replays
 (tests/test_replay_run.py) show the outcome on the H200 grid; here each rule is set up to decide."""
 from dataclasses import dataclass, field
@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune import records
-from autotune.finalists import TUNED, Choice, Finalist, Scored, remeasure, score, winner
-from autotune.records import Measurement, config_key
-from autotune.select import candidate_pairs, select_problem
+from autotune.measure import records
+from autotune.search.finalists import TUNED, Choice, Finalist, Scored, remeasure, score, winner
+from autotune.measure.records import Measurement, config_key
+from autotune.families.triton_moe.pairs import candidate_pairs, select_problem
 
 
 def cfg(bm: int, n: int = 64) -> dict:
@@ -213,7 +213,7 @@ def test_an_m_where_no_finalist_ran_correctly_has_no_choice_and_the_next_m_still
     assert {M: (ch.gate_up, ch.total_us) for M, ch in select_problem(t, top=3, careful_repeats=5).items()} == {8: (ok, 4.0)}
 
 
-# --- the backend choice (autotune.choice.BackendTuner), its tuner's storage and workers left out ----------
+# --- the backend choice (autotune.search.sieve.BackendTuner), its tuner's storage and workers left out ----------
 
 def layer(backend: str, tactic, M: int, us: float | None, status: str = records.OK, spread: float = 0.0):
     c = {"backend": backend} if tactic is None else {"backend": backend, "tactic": tactic}
@@ -223,8 +223,8 @@ def layer(backend: str, tactic, M: int, us: float | None, status: str = records.
 def backend_tuner(measured: list, careful_us: dict, auto: str = "auto_b", names=("auto_b", "fast", "slow", "bad"),
                   top: int = 3, tunable=()):
     """A BackendTuner over set measurements: `careful_us` (config key -> us) answers every re-measurement."""
-    from autotune.choice import BackendTuner
-    from autotune.kernels.backend_family import LAYER
+    from autotune.search.sieve import BackendTuner
+    from autotune.families.backend_family import LAYER
 
     t = BackendTuner.__new__(BackendTuner)
     t.Ms = sorted({m.M for m in measured})

@@ -353,20 +353,20 @@ def test_validations_three_files_change_as_one(tmp_path, capsys, monkeypatch, fa
     import errno
     import hashlib
 
-    from autotune import fsutil
+    from autotune.fileio import writing
 
     configs = _copy_committed(tmp_path)
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in configs.iterdir() if p.is_file()}
     monkeypatch.chdir(tmp_path)
-    real, writes = fsutil.atomic_file, []
+    real, writes = writing.atomic_file, []
 
     def failing_write(path):
         if ".validate-staged-" in str(path):
             writes.append(path)
             if len(writes) == failing:
-                raise fsutil.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
+                raise writing.WriteError(f"cannot write {path}: {errno.errorcode[errno.ENOSPC]}")
         return real(path)
-    monkeypatch.setattr(fsutil, "atomic_file", failing_write)
+    monkeypatch.setattr(writing, "atomic_file", failing_write)
     argv = ["validate", "--engine", "sglang", *[a for r in RUNS_016 for a in ("--from-runs", str(r))],
             "--configs", TUNED, "--gate", "--force"]
     assert main(argv) != 0

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from autotune.device import DeviceInfo
+from autotune.gpus.device import DeviceInfo
 from autotune.export.sglang import config_dir, export_problem
-from autotune.kernels.sglang_loader import sglang_file_name, sglang_selection
-from autotune.kernels.triton_moe import TritonMoe
-from autotune.models import Problem
-from autotune.finalists import Choice
+from autotune.adapters.sglang_loader import sglang_file_name, sglang_selection
+from autotune.families.triton_moe import TritonMoe
+from autotune.problems.models import Problem
+from autotune.search.finalists import Choice
 
 UP = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
 DOWN = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3,
@@ -54,7 +54,7 @@ def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, mon
     """A server with a different Triton still finds the file (SGLang's newest-other-version rule)."""
     import triton
 
-    from autotune.kernels.sglang_loader import sglang_config_module
+    from autotune.adapters.sglang_loader import sglang_config_module
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
     export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP)}, {})
@@ -62,7 +62,7 @@ def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, mon
     assert triton.__version__ != "3.6.0"
     monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path / rtx.file_name))
     monkeypatch.setattr(mod, "get_device_name", lambda *a: rtx.name)
-    from autotune.kernels.sglang_loader import sglang_context
+    from autotune.adapters.sglang_loader import sglang_context
     from sglang.srt import runtime_context as rc
 
     mod.get_moe_configs.cache_clear()
@@ -102,20 +102,20 @@ def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
 
 
 def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
-    from autotune import fsutil
+    from autotune.fileio import writing
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
     export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP)}, {})
     target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
     before = target.read_text()
-    real_replace = fsutil.os.replace
+    real_replace = writing.os.replace
 
     def boom(src, dst):
         raise OSError("disk full")
-    monkeypatch.setattr(fsutil.os, "replace", boom)
+    monkeypatch.setattr(writing.os, "replace", boom)
     with pytest.raises(OSError):
         export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
-    monkeypatch.setattr(fsutil.os, "replace", real_replace)
+    monkeypatch.setattr(writing.os, "replace", real_replace)
     assert target.read_text() == before
     assert not [f for f in target.parent.iterdir() if f.name.startswith(".")]   # no temp litter
 
@@ -139,7 +139,7 @@ def _files(tmp_path, rtx, p) -> tuple[dict, dict, dict]:
 
 
 def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
-    from autotune.fsutil import sha256
+    from autotune.fileio.writing import sha256
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
     c = Choice.pair(8, UP, DOWN, 4.12345, 6.00049, "shipped", {"default": 12.34567, "shipped": None})
@@ -194,7 +194,7 @@ def test_an_existing_entry_the_target_releases_cannot_run_is_never_kept(tmp_path
 def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_only_under_force(tmp_path, rtx,
                                                                                                  broken, why):
     from autotune.export.sglang import ExportError
-    from autotune.fsutil import forcing
+    from autotune.fileio.writing import forcing
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
     export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})

@@ -1,5 +1,5 @@
 """SGLang's own layers built outside a server, on the CPU, told which GPU they are on
-(autotune.kernels.sglang_layer): each backend's layout is SGLang's, made from our checkpoint
+(autotune.adapters.sglang_layer): each backend's layout is SGLang's, made from our checkpoint
 shards, and holds the weights the reference computes with; SGLang's refusals are its own."""
 import dataclasses
 import os
@@ -7,11 +7,12 @@ import os
 import pytest
 import torch
 
-from autotune import nvfp4, records
-from autotune.kernels import sglang_layer as L
-from autotune.kernels.moe_checkpoint import make_shards
-from autotune.measurer import classify
-from autotune.models import Problem
+from autotune.numerics import nvfp4
+from autotune.measure import records
+from autotune.adapters import sglang_layer as L
+from autotune.adapters.moe_checkpoint import make_shards
+from autotune.measure.measurer import classify
+from autotune.problems.models import Problem
 
 NVFP4 = Problem(E=4, N=128, K=256, top_k=2, dtype="nvfp4")
 
@@ -87,8 +88,8 @@ def test_sglangs_refusals_are_recorded_as_its_own(shards):
 def test_a_flag_sglang_serves_with_another_runner_is_refused_by_the_runner(shards):
     """SGLang 0.5.23's Fp8MoEMethod answers --moe-runner-backend flashinfer_cutlass with triton: the
     run must not time triton under flashinfer_cutlass's name."""
-    from autotune.kernels.moe_backends import MoeLayerInputs
-    from autotune.kernels.moe_backends.flashinfer_cutlass import RUNNERS
+    from autotune.families.moe_backends import MoeLayerInputs
+    from autotune.families.moe_backends.flashinfer_cutlass import RUNNERS
 
     p = dataclasses.replace(NVFP4, dtype="fp8_w8a8_block")
     fp8 = next(r for r in RUNNERS if r.family == "moe_fp8")
@@ -150,12 +151,12 @@ def test_sglang_auto_that_cannot_be_resolved_here_is_unknown_in_one_line(monkeyp
     """Asking SGLang's own `auto` resolution imports half its server; where that breaks, the run
     says so in one line and reports auto as unknown instead of ending in a traceback (H200,
     session 16: a run's selection died on it after every backend was measured)."""
-    from autotune import backends
+    from autotune.families import capabilities
 
     def broken(sm):
         raise ModuleNotFoundError("No module named 'openai'")
 
     monkeypatch.setattr(L, "resolved_fp4_gemm_backend", broken)
-    assert backends.sglang_auto_value("fp4_gemm", None) is None
+    assert capabilities.sglang_auto_value("fp4_gemm", None) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fp4_gemm" in err[0] and "openai" in err[0] and "unknown" in err[0]

@@ -1,17 +1,18 @@
 """The NVFP4 MoE sieve launches every --moe-runner-backend value the installed SGLang lists, not a
-list of ours (autotune/kernels/moe_backends/sglang_listed.py): values no module declares are
+list of ours (autotune/families/moe_backends/sglang_listed.py): values no module declares are
 launched through SGLang's block with no prediction, in their own trials only, and what SGLang
 answers for them is its own."""
 import pytest
 
-from autotune import backends, records
-from autotune.device import DeviceInfo, SMEM_OPTIN
-from autotune.kernels import sglang_layer as L
-from autotune.kernels.moe_backends import MoeFp4, MoeLayerInputs
-from autotune.kernels.moe_backends import sglang_listed
-from autotune.kernels.moe_checkpoint import make_shards
-from autotune.measurer import classify
-from autotune.models import Problem
+from autotune.families import capabilities
+from autotune.measure import records
+from autotune.gpus.device import DeviceInfo, SMEM_OPTIN
+from autotune.adapters import sglang_layer as L
+from autotune.families.moe_backends import MoeFp4, MoeLayerInputs
+from autotune.families.moe_backends import sglang_listed
+from autotune.adapters.moe_checkpoint import make_shards
+from autotune.measure.measurer import classify
+from autotune.problems.models import Problem
 
 NVFP4 = Problem(E=4, N=128, K=256, top_k=2, dtype="nvfp4")
 
@@ -23,12 +24,12 @@ def dev(sm):
 def test_every_value_sglang_lists_is_launched_for_nvfp4_experts():
     from sglang.srt.arg_groups.choices import MOE_RUNNER_BACKEND_CHOICES
 
-    values = {r.sglang_value for r in backends.runners("moe_fp4") if r.sglang_value}
+    values = {r.sglang_value for r in capabilities.runners("moe_fp4") if r.sglang_value}
     assert values == set(MOE_RUNNER_BACKEND_CHOICES) - {"auto"}
     for sm in (90, 100, 120):
-        plan = backends.plan("moe_fp4", dev(sm), check_imports=False)
+        plan = capabilities.plan("moe_fp4", dev(sm), check_imports=False)
         assert all(a.ok for a in plan if a.backend.sglang_value), [a.reason for a in plan if not a.ok]
-    names = [r.name for r in backends.runners("moe_fp4")]
+    names = [r.name for r in capabilities.runners("moe_fp4")]
     assert len(names) == len(set(names))            # a declared value is not launched twice
 
 
@@ -67,7 +68,7 @@ def shards():
     ("megamoe", "'megamoe' is not a valid MoeRunnerBackend"),   # SGLang lists a value its own enum lacks
 ])
 def test_sglangs_answer_for_an_undeclared_value_on_sm120_is_its_own(shards, value, said):
-    runner = backends.get("moe_fp4", value)
+    runner = capabilities.get("moe_fp4", value)
     inputs = MoeLayerInputs(NVFP4, 1, [], [], [], [], shards, {})
     with L.platform_view(120), pytest.raises(L.Refused, match=f"SGLang's {value} MoE runner refused") as e:
         runner.block(inputs)
@@ -79,7 +80,7 @@ def test_an_undeclared_value_sglang_builds_is_kept_for_its_launch(shards):
     reference decides (no refusal invented for it)."""
     inputs = MoeLayerInputs(NVFP4, 1, [], [], [], [], shards, {})
     with L.platform_view(120):
-        block = backends.get("moe_fp4", "flashinfer_mxfp4").block(inputs)
+        block = capabilities.get("moe_fp4", "flashinfer_mxfp4").block(inputs)
     assert block.runner_backend == "flashinfer_mxfp4" and inputs.blocks["flashinfer_mxfp4"] is block
 
 
@@ -88,7 +89,7 @@ def test_on_sm90_sglang_refuses_every_undeclared_value_but_its_marlin_ones(shard
     (W4A16) paths below Blackwell, so every other listed value is refused at construction, in
     SGLang's words, before any kernel runs (the marlin ones need CUDA: their JIT build)."""
     refused, built = {}, []
-    for r in backends.runners("moe_fp4"):
+    for r in capabilities.runners("moe_fp4"):
         if r.declared or "marlin" in r.name:
             continue
         inputs = MoeLayerInputs(NVFP4, 1, [], [], [], [], shards, {})

@@ -1,4 +1,4 @@
-"""SGLang's loader answers remembered on disk (autotune/kernels/sglang_loader.py): a remembered
+"""SGLang's loader answers remembered on disk (autotune/adapters/sglang_loader.py): a remembered
 answer is SGLang's own, a change to the files SGLang would read is seen, a broken memo costs
 nothing, and a process with the answers remembered never imports SGLang."""
 import json
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.kernels import sglang_loader
-from autotune.kernels.sglang_loader import builtin_config_dir, memo_path, sglang_default_config, sglang_selection
-from autotune.models import Problem
+from autotune.adapters import sglang_loader
+from autotune.adapters.sglang_loader import builtin_config_dir, memo_path, sglang_default_config, sglang_selection
+from autotune.problems.models import Problem
 from tests.conftest import GRID, ROOT
 
 QWEN_TP4 = Problem(512, 256, 4096, 10, "bf16", (1, 8))      # SGLang 0.5.23 ships an H200 file for it

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import sglang_versions as sv
+from autotune.adapters import sglang_versions as sv
 from autotune.cli import main
-from autotune.records import read_cache
+from autotune.measure.records import read_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASES = {"0.5.16": str(ROOT / ".venv/sglang-releases/0.5.16"), "0.5.23": "installed"}
@@ -144,9 +144,9 @@ def test_version_lists_and_ranges():
 
 
 def test_only_releases_without_up_tma_take_it_out_of_the_gate_up_space():
-    from autotune.device import DeviceInfo
-    from autotune.kernels.triton_moe import TritonMoe
-    from autotune.models import Problem
+    from autotune.gpus.device import DeviceInfo
+    from autotune.families.triton_moe import TritonMoe
+    from autotune.problems.models import Problem
 
     h200 = DeviceInfo.from_dict(read_cache(RUN_RECORD).device)
     p = Problem(512, 128, 4096, 10, "fp8_w8a8_block", (8,))

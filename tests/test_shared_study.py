@@ -323,7 +323,7 @@ def test_workers_started_together_on_a_fresh_database_all_open_it():
     url = PG.rsplit("/", 1)[0] + "/" + name
     try:
         start = time.time() + 4      # one moment for all, after every interpreter has started
-        code = ("import sys, time; from autotune.storage import open_storage; t = float(sys.argv[2]); "
+        code = ("import sys, time; from autotune.store.storage import open_storage; t = float(sys.argv[2]); "
                 "time.sleep(max(0, t - time.time())); open_storage(sys.argv[1], shared=True); print('opened')")
         procs = [subprocess.Popen([sys.executable, "-c", code, url, str(start)], cwd=ROOT, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(6)]

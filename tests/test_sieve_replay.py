@@ -8,8 +8,8 @@ import json
 import pytest
 
 from autotune.cli import main
-from autotune.models import PRESETS, Problem, dense_gemms
-from autotune.records import Cache, Measurement, write_cache
+from autotune.problems.models import PRESETS, Problem, dense_gemms
+from autotune.measure.records import Cache, Measurement, write_cache
 
 RTX = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "sm": 120, "smem_optin": 101376,
        "versions": {"triton": "3.6.0", "cuda": "13.0"}, "kind": "gpu"}
@@ -81,10 +81,10 @@ def test_the_sieve_finds_the_hand_investigations_pair(tmp_path, sm120_cache, cap
 def test_an_auto_that_fails_is_said_first_with_the_flag_that_works(tmp_path, sm120_cache, capsys, monkeypatch):
     """With an SGLang whose `auto` still resolves NVFP4 MoE to flashinfer_trtllm on SM120 (the field
     report, sglang 39807), the run says so first, in one line, with the flag that works instead."""
-    from autotune import backends
+    from autotune.families import capabilities
 
-    real = backends.sglang_auto_value
-    monkeypatch.setattr(backends, "sglang_auto_value",
+    real = capabilities.sglang_auto_value
+    monkeypatch.setattr(capabilities, "sglang_auto_value",
                         lambda family, sm: "flashinfer_trtllm" if family == "moe_fp4" else real(family, sm))
     assert run(tmp_path, sm120_cache) == 0
     out = capsys.readouterr().out

@@ -1,10 +1,10 @@
 import pytest
 
-from autotune import spaces
+from autotune.search import spaces
 from autotune.cli import main
-from autotune.device import planned
-from autotune.kernels.triton_moe import TritonMoe, smem_estimate
-from autotune.models import Problem
+from autotune.gpus.device import planned
+from autotune.families.triton_moe import TritonMoe, smem_estimate
+from autotune.problems.models import Problem
 
 
 def test_unknown_key_in_space_file_is_rejected(tmp_path, capsys):

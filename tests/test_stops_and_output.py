@@ -83,7 +83,7 @@ def _autotune(tmp_path, argv, **stop) -> subprocess.CompletedProcess:
                           cwd=tmp_path, timeout=300)
 
 
-@pytest.mark.parametrize("module", ["autotune.cli_parser", "autotune.models", "autotune.api"])
+@pytest.mark.parametrize("module", ["autotune.cli.parser", "autotune.problems.models", "autotune.api"])
 @pytest.mark.parametrize("signal,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_a_stop_during_the_first_imports_is_one_line(tmp_path, module, signal, code):
     """A Ctrl-C in the first tenth of a second was a traceback from inside an import, and the process
@@ -144,7 +144,7 @@ def _files(folder: Path) -> dict:
 def test_an_ascii_terminal_gets_plain_stand_ins_and_the_whole_folder(tmp_path, monkeypatch):
     """PYTHONIOENCODING=ascii: the run's table (µs) was a UnicodeEncodeError after the tuned files
     were written and before the overlay, leaving half a folder."""
-    import autotune.textout  # noqa: F401  (the error handler registered before the streams change)
+    import autotune.cli.textout  # noqa: F401  (the error handler registered before the streams change)
 
     out = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="strict", newline="\n")
     monkeypatch.setattr(sys, "stdout", out)
@@ -160,7 +160,7 @@ def test_an_ascii_terminal_gets_plain_stand_ins_and_the_whole_folder(tmp_path, m
 
 
 def test_the_stand_ins_are_ascii_and_keep_what_they_cannot_name():
-    from autotune.textout import ERRORS, plain
+    from autotune.cli.textout import ERRORS, plain
 
     assert "tuned 3.0 µs × 2 → é ü 中".encode("ascii", ERRORS) == b"tuned 3.0 us x 2 -> e u \\u4e2d"
     assert all(plain(chr(c)).isascii() for c in range(0x80, 0x3000))

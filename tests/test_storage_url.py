@@ -1,4 +1,4 @@
-"""A storage URL names what SQLAlchemy and SQLite open (autotune/storage_url.py): the file every
+"""A storage URL names what SQLAlchemy and SQLite open (autotune/store/storage_url.py): the file every
 check works on is the one SQLite creates, whatever the query string or URI form, and what SQLite
 would not do as written (an option it drops, a read-only database for a run) is one line first."""
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.storage_url import StorageUrlError, parse
+from autotune.store.storage_url import StorageUrlError, parse
 from tests.conftest import GRID
 
 ACCEPTED = [
@@ -142,7 +142,7 @@ def test_a_read_only_storage_warm_starts_a_run_but_holds_none(tmp_path, capsys):
 
 
 def test_one_run_lock_per_database_file_however_the_url_names_it(tmp_path, monkeypatch):
-    from autotune.run_lock import _key
+    from autotune.run.run_lock import _key
 
     monkeypatch.chdir(tmp_path)
     spellings = ["sqlite:///a.db", f"sqlite:///{tmp_path}/a.db", "sqlite:///a.db?timeout=30",

@@ -7,13 +7,13 @@ import json
 import optuna
 import pytest
 
-from autotune.choice import BackendTuner, tactic_id
-from autotune.device import DeviceInfo
+from autotune.search.sieve import BackendTuner, tactic_id
+from autotune.gpus.device import DeviceInfo
 from autotune.export import tactics as tactic_files
-from autotune.models import Problem
-from autotune.records import config_key
-from autotune.tasks import Settings
-from autotune.worker import WorkerPool
+from autotune.problems.models import Problem
+from autotune.measure.records import config_key
+from autotune.measure.tasks import Settings
+from autotune.measure.pool import WorkerPool
 from tests.tactic_backends import RUNNERS, TacticBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every tactic
@@ -148,13 +148,13 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     from flashinfer.autotuner import AutoTuner
     from flashinfer.autotuner.autotuner import _collect_metadata
 
-    from autotune import run_backends
+    from autotune.run import backend_choice
     from autotune.export import server_args
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
-    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
@@ -170,11 +170,11 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
 
 
 def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp_path, capsys):
-    from autotune import run_backends
+    from autotune.run import backend_choice
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
-    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
@@ -183,14 +183,14 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
 
 def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tuned, tmp_path, capsys):
-    from autotune import run_backends
-    from autotune.choice import Choice
+    from autotune.run import backend_choice
+    from autotune.search.sieve import Choice
 
     fam, tuner, _, _ = tuned
     kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
-    run_backends.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in kept.values()], {})
     out = capsys.readouterr().out
     assert not (tmp_path / device.file_name / tactic_files.CACHE_FILE).exists()
@@ -199,7 +199,7 @@ def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tun
 
 
 def test_the_table_names_the_winning_tactic(tuned):
-    from autotune.report import backend_table
+    from autotune.run.report import backend_table
 
     _, tuner, choices, _ = tuned
     table = backend_table(tuner, choices)
@@ -207,7 +207,7 @@ def test_the_table_names_the_winning_tactic(tuned):
 
 
 def test_the_tactic_table_shows_each_backends_default_and_pick(tuned):
-    from autotune.report import tactic_table
+    from autotune.run.report import tactic_table
 
     _, tuner, _, _ = tuned
     rows = tactic_table(tuner, tuner.pinned).to_dict("records")

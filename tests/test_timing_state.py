@@ -4,10 +4,10 @@ is pinned over FlashInfer's default only when it wins by more than the noise, si
 not carry to a fresh process."""
 import pytest
 
-from autotune import measure
-from autotune.choice import pins_over_default
-from autotune.measure import Timing
-from autotune.records import OK, Measurement
+from autotune.measure import timing
+from autotune.search.sieve import pins_over_default
+from autotune.measure.timing import Timing
+from autotune.measure.records import OK, Measurement
 
 
 def timed(tactic, us, spread=0.005, status=OK):
@@ -38,15 +38,15 @@ def _counting_timer(monkeypatch):
     def fake(launch, n, repeats, target_ms):
         seen.append(repeats)
         return Timing(float(len(seen)), 0.0, repeats, 0.0)
-    monkeypatch.setattr(measure, "_time_graph", fake)
-    monkeypatch.setattr(measure, "_PRIMED", False)
+    monkeypatch.setattr(timing, "_time_graph", fake)
+    monkeypatch.setattr(timing, "_PRIMED", False)
     return seen
 
 
 def test_the_first_timing_of_a_process_is_dropped(monkeypatch):
     seen = _counting_timer(monkeypatch)
-    first = measure.time_gpu(lambda i: None, 1, repeats=21)
-    second = measure.time_gpu(lambda i: None, 1, repeats=21)
+    first = timing.time_gpu(lambda i: None, 1, repeats=21)
+    second = timing.time_gpu(lambda i: None, 1, repeats=21)
     assert (first.median_us, second.median_us) == (2.0, 3.0)      # the priming result (1.0) is nobody's
     assert seen == [3, 21, 21]
 
@@ -55,8 +55,8 @@ def test_a_workers_every_timing_follows_a_throwaway_one(monkeypatch):
     # A run's workers share the GPU: another worker's kernels may come between two timings of one
     # worker, so each timing is primed again (session 11: a -1 re-measurement without it was 2.85 µs off).
     seen = _counting_timer(monkeypatch)
-    first = measure.time_gpu(lambda i: None, 1, repeats=21, prime=True)
-    second = measure.time_gpu(lambda i: None, 1, repeats=21, prime=True)
+    first = timing.time_gpu(lambda i: None, 1, repeats=21, prime=True)
+    second = timing.time_gpu(lambda i: None, 1, repeats=21, prime=True)
     assert (first.median_us, second.median_us) == (2.0, 4.0)
     assert seen == [3, 21, 3, 21]
 
@@ -83,7 +83,7 @@ def test_a_duel_turns_the_order_each_round_so_a_drift_weighs_on_both_sides():
     def time_one(fn):          # every later timing 1% slower: a drift both sides see
         calls.append(fn)
         return Timing(10.0 * 1.01 ** len(calls), 0.002, 7, 0.01)
-    t, versus_us, ratio_spread = measure.duel(time_one, "tactic", "default", rounds=3)
+    t, versus_us, ratio_spread = timing.duel(time_one, "tactic", "default", rounds=3)
     assert calls == ["default", "tactic", "tactic", "default", "default", "tactic"]
     assert abs(t.median_us / versus_us - 1) < 0.011 and ratio_spread > 0.015   # level, the drift shows as spread
     assert not pins_over_default(paired(t.median_us, versus_us, ratio_spread), timed(-1, 20.0))
@@ -92,9 +92,9 @@ def test_a_duel_turns_the_order_each_round_so_a_drift_weighs_on_both_sides():
 def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpaired():
     # In-process on the CPU (the family's own clock in place of the wall clock): tactic 0 beside -1 is paired;
     # beside tactic 1, wrong at M=2, the timing goes unpaired and tactic 0 is not blamed for it.
-    from autotune.measurer import Measurer
-    from autotune.models import Problem
-    from autotune.tasks import Settings, Task
+    from autotune.measure.measurer import Measurer
+    from autotune.problems.models import Problem
+    from autotune.measure.tasks import Settings, Task
     from tests.tactic_backends import TacticBackends
 
     fam, problem = TacticBackends(), Problem(8, 32, 64, 2, "bf16", batch_sizes=(2,))
@@ -120,12 +120,12 @@ def test_a_duels_result_is_the_median_of_its_rounds_and_the_spread_of_their_rati
 
     def time_one(fn):
         return next(mine) if fn == "tactic" else next(theirs)
-    t, versus_us, ratio_spread = measure.duel(time_one, "tactic", "default", rounds=3)
+    t, versus_us, ratio_spread = timing.duel(time_one, "tactic", "default", rounds=3)
     assert (t.median_us, t.spread, t.samples, t.calls) == (10.0, 0.02, 21, 4)
     assert t.bench_s == pytest.approx(3 * 0.1 + 3 * 0.2)           # both sides' timing time
     assert versus_us == 10.0 and ratio_spread == pytest.approx((1.2 - 0.5) / 0.9)
     # a tactic timed at zero (no ratio to spread over) has no spread, not a division by zero
-    _, _, spread = measure.duel(lambda fn: Timing(0.0 if fn == "tactic" else 10.0, 0.0, 1, 0.0), "tactic", "default")
+    _, _, spread = timing.duel(lambda fn: Timing(0.0 if fn == "tactic" else 10.0, 0.0, 1, 0.0), "tactic", "default")
     assert spread == 0.0
 
 
@@ -144,10 +144,10 @@ def test_the_pin_rule_weighs_both_sides_noise_and_a_gain_of_exactly_the_noise_is
 def test_a_cpu_timing_is_the_median_of_its_repeats_with_their_spread_on_the_given_clock():
     ticks = iter([0.0, 1.0, 1.000002, 2.0, 2.000004, 3.0, 3.000001, 4.0, 4.000010, 5.0, 5.000003, 6.0])
     launched = []
-    t = measure.time_cpu(launched.append, 2, repeats=5, clock=lambda: next(ticks))
+    t = timing.time_cpu(launched.append, 2, repeats=5, clock=lambda: next(ticks))
     assert launched == [0, 1, 0, 1, 0]                               # routing sets in turn
     assert t.median_us == pytest.approx(3.0) and t.samples == 5 and t.bench_s == pytest.approx(6.0)
     assert t.spread == pytest.approx((7.0 - 1.5) / 3.0)              # (p75 - p25) / median of 2, 4, 1, 10, 3 µs
     ticks = iter([0.0] * 8)
-    t = measure.time_cpu(lambda i: None, 1, clock=lambda: next(ticks))
+    t = timing.time_cpu(lambda i: None, 1, clock=lambda: next(ticks))
     assert t.samples == 3 and t.spread == 0.0                         # three by default; a zero median, no spread

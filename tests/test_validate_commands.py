@@ -7,9 +7,16 @@ import json
 import pytest
 
 from autotune.validate import CommandError, ModelDirError
-from autotune.validate.sglang_commands import (ONE_BATCH_MODULE, SERVING_MODULE, compile_cache_env,
-                                               one_batch_command, prepare_cache_dir, server_command, server_env,
-                                               serving_command)
+from autotune.validate.sglang_commands import (
+    ONE_BATCH_MODULE,
+    SERVING_MODULE,
+    compile_cache_env,
+    one_batch_command,
+    prepare_cache_dir,
+    server_command,
+    server_env,
+    serving_command,
+)
 from autotune.validate.sglang_inputs import inspect_configs, inspect_model_dir
 from autotune.validate.sglang_parsers import parse_command, sglang_parser
 from autotune.validate.sglang_server import ServerValidation, interleaved_order

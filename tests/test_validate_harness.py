@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.models import PRESETS, dense_gemms
+from autotune.problems.models import PRESETS, dense_gemms
 from autotune.validate import HarnessError
-from autotune.models import LinearAttention
-from autotune.validate.harness import (HarnessModel, default_layers,
-                                       layer_shapes)
+from autotune.problems.models import LinearAttention
+from autotune.validate.harness import HarnessModel, default_layers, layer_shapes
 
 DATA = Path(__file__).parent / "data" / "validate"
 TINY = DATA / "tiny_qwen3.5_moe.config.json"
@@ -91,8 +90,8 @@ CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M
 
 
 def _tuned_folder(root: Path) -> Path:
-    from autotune.device import cpu_interpreter
-    from autotune.kernels.sglang_loader import sglang_file_name
+    from autotune.gpus.device import cpu_interpreter
+    from autotune.adapters.sglang_loader import sglang_file_name
 
     dev = cpu_interpreter()
     problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
@@ -217,8 +216,8 @@ def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
     """`autotune check`'s re-timing on a GPU, here in the interpreter: each side's layer (SGLang's
     call sequence with the configs its loader picks) is checked against the float32 reference, then
     timed in turns; a side whose configs compute wrong numbers stops it with the side named."""
-    from autotune.device import cpu_interpreter
-    from autotune.kernels.moe_layer import LayerError, MoeSides, time_sides
+    from autotune.gpus.device import cpu_interpreter
+    from autotune.families.triton_moe.moe_layer import LayerError, MoeSides, time_sides
 
     d = _tuned_folder(tmp_path)
     problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
@@ -251,10 +250,10 @@ def test_tma_down_layer_calls_sglangs_row_filtered_ops_as_its_fused_moe_does(mon
     from sglang.kernels.ops.activation import activation
     from sglang.kernels.ops.quantization import per_token_group_quant as ptgq
 
-    from autotune.device import cpu_interpreter
-    from autotune.kernels.moe_align import cpu_align_block_size
-    from autotune.models import Problem
-    from autotune.kernels.moe_layer import MoeSides
+    from autotune.gpus.device import cpu_interpreter
+    from autotune.families.triton_moe.moe_align import cpu_align_block_size
+    from autotune.problems.models import Problem
+    from autotune.families.triton_moe.moe_layer import MoeSides
 
     calls = {}
 

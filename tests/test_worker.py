@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from autotune import records
-from autotune.measurer import classify
-from autotune.models import Problem
-from autotune.tasks import Settings, Task
-from autotune.worker import WorkerPool
+from autotune.measure import records
+from autotune.measure.measurer import classify
+from autotune.problems.models import Problem
+from autotune.measure.tasks import Settings, Task
+from autotune.measure.pool import WorkerPool
 
 pytestmark = pytest.mark.slow      # a pool of worker processes per test module
 

@@ -1,4 +1,4 @@
-"""The one writer (autotune/fsutil.py), per writing command: a user's file of one of our names in
+"""The one writer (autotune/fileio/writing.py), per writing command: a user's file of one of our names in
 an output folder is byte-identical afterwards (one line, exit 2, nothing measured) unless --force;
 merges keep every line the user wrote; files come out 0666 less the umask; a failed write leaves
 what was there. Every command runs in-process, as tests/test_reliability.py does."""
@@ -35,8 +35,8 @@ def _refused(capsys, rc) -> str:
 
 
 def _triton_file(h200) -> str:
-    from autotune.kernels.sglang_loader import sglang_file_name
-    from autotune.models import Problem
+    from autotune.adapters.sglang_loader import sglang_file_name
+    from autotune.problems.models import Problem
     return sglang_file_name(Problem(512, 128, 4096, 10, "bf16"), h200)
 
 
@@ -89,35 +89,35 @@ def test_tuned_files_are_0666_less_the_umask(tmp_path, umask, mode):
 def test_a_failed_copy_leaves_no_partial_file(tmp_path, monkeypatch):
     """The shipped overlay's copies go through the writer: a full disk leaves the old file (or
     none), never a 0-byte SGLang JSON, and no temp file."""
-    from autotune import fsutil
+    from autotune.fileio import writing
 
     src = _user(tmp_path / "src.json", b'{"1": {}}')
     dst = tmp_path / "out" / "E=1,N=1,device_name=X.json"
 
     def full(fd):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(fsutil.os, "fsync", full)
-    with pytest.raises(fsutil.WriteError, match="No space left on device"):
-        fsutil.copy_file(src, dst)
+    monkeypatch.setattr(writing.os, "fsync", full)
+    with pytest.raises(writing.WriteError, match="No space left on device"):
+        writing.copy_file(src, dst)
     assert not dst.exists() and not list(dst.parent.iterdir())
 
 
 def test_a_full_disk_mid_run_is_one_line_and_the_same_command_writes_without_measuring(tmp_path, capsys, monkeypatch):
-    from autotune import fsutil
+    from autotune.fileio import writing
 
-    real = fsutil.os.fsync
+    real = writing.os.fsync
 
     def full(fd):
         if os.fstat(fd).st_size:        # the first file with content: ENOSPC
             raise OSError(28, "No space left on device")
         return real(fd)
-    monkeypatch.setattr(fsutil.os, "fsync", full)
+    monkeypatch.setattr(writing.os, "fsync", full)
     rc = main(_run(tmp_path))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 4 and len(err) == 1 and err[0].startswith("autotune: incomplete: "), (rc, err)
     assert "No space left on device" in err[0] and "the same command redoes the step without measuring" in err[0]
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.stat().st_size == 0]
-    monkeypatch.setattr(fsutil.os, "fsync", real)              # the disk has room again
+    monkeypatch.setattr(writing.os, "fsync", real)              # the disk has room again
     assert main(_run(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "(0 device measurements by this run" in out and "wrote " in out
@@ -194,7 +194,7 @@ def test_merge_caches_refuses_a_users_output(tmp_path, capsys):
     rc = main(["merge-caches", str(GRID), "-o", str(notes)])
     assert "notes.txt" in _refused(capsys, rc) and notes.read_bytes() == USER
     assert main(["merge-caches", str(GRID), "-o", str(notes), "--force"]) == 0
-    from autotune.records import is_cache
+    from autotune.measure.records import is_cache
     assert is_cache(notes)
 
 

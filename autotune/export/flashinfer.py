@@ -1,5 +1,5 @@
 """Where SGLang reads FlashInfer's autotuner cache (the file format and its keys:
-autotune.kernels.flashinfer_cache).
+autotune.adapters.flashinfer_cache).
 
 SGLang 0.5.23 keeps FlashInfer's tuned tactics per model, parallel layout and rank in
   $SGLANG_CACHE_DIR/flashinfer/autotune/<flashinfer version>/sm<XY>/<16 hex>/rank_tp<t>_pp<p>_dp<d>.json

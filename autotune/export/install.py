@@ -13,12 +13,12 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fsutil import NotOurs, claim, write_atomic
-from ..inputs import MAX_GPUS
-from ..kernels import flashinfer_cache as fi
-from .flashinfer import sglang_cache_path
-from .tactics import BLOCKLIST_FILE, CACHE_FILE
-from ..reading import load_json
+from autotune.fileio.writing import NotOurs, claim, write_atomic
+from autotune.cli.inputs import MAX_GPUS
+from autotune.adapters import flashinfer_cache as fi
+from autotune.export.flashinfer import sglang_cache_path
+from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
+from autotune.fileio.reading import load_json
 
 
 class InstallError(ValueError):
@@ -45,7 +45,7 @@ class ModelFacts:
 def model_facts(model_path: str) -> ModelFacts:
     """The facts of a local model folder's config.json; ModelFacts() where the path is a hub name
     (nothing to read here)."""
-    from ..hf_config import ConfigError, text_section
+    from autotune.problems.hf_config import ConfigError, text_section
 
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
@@ -261,7 +261,7 @@ def blocklist_hint(folder: str | Path) -> str | None:
 
 
 def _from_server_args(folder: Path) -> str:
-    from .server_args import read_values
+    from autotune.export.server_args import read_values
 
     path = folder / "server_args.yaml"
     value = read_values(path).get("moe-runner-backend") if path.is_file() else None

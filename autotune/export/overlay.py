@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..device import DeviceInfo
-from ..fsutil import copy_file, forced, inside, sha256, write_json
-from ..sglang_versions import valid_releases
-from .provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
-from ..reading import load_json
+from autotune.gpus.device import DeviceInfo
+from autotune.fileio.writing import copy_file, forced, inside, sha256, write_json
+from autotune.adapters.sglang_versions import valid_releases
+from autotune.folder.provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
+from autotune.fileio.reading import load_json
 
 
 def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
@@ -34,7 +34,7 @@ def broken_copies(device_folder: str | Path) -> list[str]:
     """Earlier overlay copies changed since and no longer a file SGLang's loader takes (emptied, cut
     short): the folder would crash the server that reads it, and a copy changed by hand is not ours to
     replace, so the run says so before measuring (under --force it copies the file again)."""
-    from ..config_files import schema_problem
+    from autotune.folder.config_files import schema_problem
 
     folder = Path(device_folder)
     overlay = (read_folder_provenance(folder) or {}).get(OVERLAY) or {}
@@ -64,9 +64,9 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     """Copy the installed SGLang's shipped files for `device` (and the SKUs the folder also has
     copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
     writes into provenance.json."""
-    from ..kernels.sglang_loader import builtin_config_dir
-    from ..kernels.triton_moe import tma_capable
-    from ..sglang_versions import installed
+    from autotune.adapters.sglang_loader import builtin_config_dir
+    from autotune.families.triton_moe import tma_capable
+    from autotune.adapters.sglang_versions import installed
 
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import families as registry
-from ..choice import MIXES, ServerChoice
-from ..device import DeviceInfo, utc_now
-from ..folder_change import tuned_folder
-from ..fsutil import Files, json_bytes, json_with, write_all
-from .tactics import BLOCKLIST_FILE, CACHE_FILE
-from ..reading import load_json, parse_yaml, read_text
+from autotune.families import registry as registry
+from autotune.search.sieve import MIXES, ServerChoice
+from autotune.gpus.device import DeviceInfo, utc_now
+from autotune.folder.change import tuned_folder
+from autotune.fileio.writing import Files, json_bytes, json_with, write_all
+from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
+from autotune.fileio.reading import load_json, parse_yaml, read_text
 
 SERVER_ARGS = "server_args.yaml"
 DETAILS = "backend_choice.json"
@@ -58,7 +58,7 @@ def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
     values = rec.get("sglang_values")
     if values is not None:
         return values.get(backend)
-    from .. import backends as table     # files from before sglang_values were stored
+    from autotune.families import capabilities as table     # files from before sglang_values were stored
 
     try:
         return table.get(family, backend).sglang_value
@@ -102,7 +102,7 @@ def render(details: dict, path: str | Path, user_flags=frozenset()) -> str:
     device = DeviceInfo.from_dict(details["device"])
     families = details["families"]
     checkpoint = details.get("checkpoint")
-    from ..folder_change import real
+    from autotune.folder.change import real
 
     shown = Path(real(path))                  # where the file will be once its folder's change is in
     lines = [f"{BEGIN} for {device.name} (SM{device.sm}), {details['date']}",
@@ -172,7 +172,7 @@ def _read(path: Path) -> dict:
     """A backend_choice.json, its families' provenance filled in where an older file lacks it."""
     try:
         choices = load_json(path)
-        from ..config_files import choices_problem
+        from autotune.folder.config_files import choices_problem
         why = choices_problem(choices)
         if why:
             raise TypeError(why)

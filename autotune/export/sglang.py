@@ -7,21 +7,21 @@ Layout (so `SGLANG_MOE_CONFIG_DIR=tuned_configs/<device>` works unchanged):
 The Triton version in the folder is the one the configs were measured with. An existing file
 is merged per M: an entry measured faster on the same device and Triton version is kept, if the
 SGLang releases this export targets can run it. Provenance lists, per file, every supported SGLang
-release that loads and runs all of its entries (`sglang_versions`, see autotune.sglang_versions).
+release that loads and runs all of its entries (`sglang_versions`, see autotune.adapters.sglang_versions).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..device import DeviceInfo, utc_now
-from ..fsutil import claim, forced, sha256, write_json
-from ..kernels.sglang_loader import sglang_file_name
-from ..records import canonical
-from ..finalists import Choice
-from ..sglang_versions import config_problem, valid_releases
-from ..config_files import config_folder
-from ..folder_change import tuned_folder
-from .provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
+from autotune.gpus.device import DeviceInfo, utc_now
+from autotune.fileio.writing import claim, forced, sha256, write_json
+from autotune.adapters.sglang_loader import sglang_file_name
+from autotune.measure.records import canonical
+from autotune.search.finalists import Choice
+from autotune.adapters.sglang_versions import config_problem, valid_releases
+from autotune.folder.config_files import config_folder
+from autotune.folder.change import tuned_folder
+from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
 
 class ExportError(ValueError):
@@ -40,7 +40,7 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     """Every file `export_problem` (and the SKU copies) would write for `problems`, checked before
     anything is measured: NotOurs where one is not ours, ExportError where the folder holds results
     measured another way."""
-    from .overlay import broken_copies
+    from autotune.export.overlay import broken_copies
 
     folder = config_dir(out, device)
     # SGLang's per-Triton folders (ours and the shipped overlay's) and the folders above them
@@ -80,8 +80,8 @@ def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict
     """The (gate_up, down) files a merge starts from: what an earlier export wrote, each read and
     checked as SGLang's loader would take it ({} where there is none; under --force, where it is broken:
     it is replaced)."""
-    from ..config_files import schema_problem
-    from ..reading import load_json
+    from autotune.folder.config_files import schema_problem
+    from autotune.fileio.reading import load_json
 
     docs = []
     for name in names:
@@ -109,7 +109,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
     `targets`: the SGLang releases the files must run in (an existing entry they cannot run is
     replaced, never kept)."""
-    from ..kernels.triton_moe import tma_capable
+    from autotune.families.triton_moe import tma_capable
     tma = tma_capable(device)
 
     def runs_everywhere(up: dict, down: dict) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..fsutil import copy_file, sha256, write_json
-from ..names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
+from autotune.fileio.writing import copy_file, sha256, write_json
+from autotune.fileio.names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
 
 
 class SkuError(ValueError):
@@ -28,8 +28,8 @@ def check_name(name: str) -> str:
 
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
     """Write each of the folder's tuned files again under each SKU name; returns the files written."""
-    from ..config_files import config_folder
-    from .provenance import PROVENANCE_OURS, ours_in, read_folder_provenance
+    from autotune.folder.config_files import config_folder
+    from autotune.folder.provenance import PROVENANCE_OURS, ours_in, read_folder_provenance
 
     folder = Path(device_folder)
     prov_path = folder / "provenance.json"

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..reading import load_json
+from autotune.fileio.reading import load_json
 
 CACHE_FILE = "flashinfer_autotune_cache.json"
 BLOCKLIST_FILE = "flashinfer_tactics_blocklist.json"
@@ -82,7 +82,7 @@ def write_blocklist(path: str | Path, invalid: Mapping[str, list], metadata: Map
     # FlashInfer's own writer lays the file out; ours puts it in place (atomic, our mode, ownership)
     import tempfile
 
-    from ..fsutil import json_with, write_bytes
+    from autotune.fileio.writing import json_with, write_bytes
     with tempfile.TemporaryDirectory() as tmp:
         TacticsBlocklist.save(str(Path(tmp) / path.name), merged, dict(metadata))
         write_bytes(path, (Path(tmp) / path.name).read_bytes(), ours=json_with("invalid_tactics"))

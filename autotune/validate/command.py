@@ -15,8 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .. import inputs
-from . import HarnessError, ValidateError
+from autotune.cli import inputs
+from autotune.validate import HarnessError, ValidateError
 
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -70,7 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _ints(text: str | None, what: str) -> tuple[int, ...]:
-    from ..models import parse_int_list
+    from autotune.problems.models import parse_int_list
     return parse_int_list(text or DEFAULT_POINTS, what)
 
 
@@ -91,8 +91,8 @@ class _SigtermAsInterrupt:
 
 
 def cmd_validate(args) -> int:
-    from ..kernels.moe_layer import LayerError
-    from ..models import ModelError
+    from autotune.families.triton_moe.moe_layer import LayerError
+    from autotune.problems.models import ModelError
 
     try:
         with _SigtermAsInterrupt():
@@ -109,8 +109,8 @@ def cmd_validate(args) -> int:
 
 def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_label: str, intro: list[str],
             provenance, extra_cols=None, plotter=None) -> int:
-    from .gate import gate as run_gate
-    from .report import build_record, comparison_table, write_reports
+    from autotune.validate.gate import gate as run_gate
+    from autotune.validate.report import build_record, comparison_table, write_reports
 
     result = run_gate(comparisons, allow_regression=args.allow_regression)
     record = build_record(gate=result, comparisons=comparisons, **record_kw)
@@ -130,7 +130,7 @@ def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_labe
 def _judged(folder: Path, before: dict, validated_on: str) -> dict:
     """What the validation judged (validate.judged): the folder as it was before measuring, which it
     must still be now (a file changed meanwhile was judged half old, half new)."""
-    from .judged import differences, snapshot
+    from autotune.validate.judged import differences, snapshot
 
     now = snapshot(folder)
     diff = differences(before["sha256"], now["sha256"])
@@ -142,8 +142,8 @@ def _judged(folder: Path, before: dict, validated_on: str) -> dict:
 def _check_out(out: Path, runs_sha256: list[str] | None = None) -> None:
     """The --out folder can be written and holds no file of validate's names that is not ours (nor, for
     --from-runs, a validation of other runs)."""
-    from ..fsutil import NotOurs, check_writable
-    from .report import claim_outputs
+    from autotune.fileio.writing import NotOurs, check_writable
+    from autotune.validate.report import claim_outputs
     try:
         check_writable(out)
         claim_outputs(out, runs_sha256)
@@ -154,13 +154,13 @@ def _check_out(out: Path, runs_sha256: list[str] | None = None) -> None:
 # --- sglang ---------------------------------------------------------------------------------------
 
 def _validate_sglang(args) -> int:
-    from ..device import NoDeviceError, detect, utc_now
-    from .gate import comparisons_from_runs
-    from .judged import snapshot
-    from .report import shown
-    from .sglang_commands import check_port_free
-    from .sglang_inputs import inspect_configs, inspect_model_dir
-    from .sglang_server import ServerValidation, run_server_validation
+    from autotune.gpus.device import NoDeviceError, detect, utc_now
+    from autotune.validate.gate import comparisons_from_runs
+    from autotune.validate.judged import snapshot
+    from autotune.validate.report import shown
+    from autotune.validate.sglang_commands import check_port_free
+    from autotune.validate.sglang_inputs import inspect_configs, inspect_model_dir
+    from autotune.validate.sglang_server import ServerValidation, run_server_validation
 
     if args.batch_sizes:
         raise ValidateError("--batch-sizes is for --engine harness; the server path takes --concurrencies")
@@ -225,10 +225,18 @@ def _validate_sglang(args) -> int:
 def _validate_sglang_runs(args) -> int:
     """The gate on runs of SGLang's own code made elsewhere (the lent GPU): three arms per batch,
     each run's log checked for the config file SGLang says it loaded."""
-    from . import BenchmarkError
-    from .judged import snapshot, tree_sha256
-    from .report import shown
-    from .server_arms import comparisons, markdown, one_batch_module, plot_arms, read_runs, run_environment, table
+    from autotune.validate import BenchmarkError
+    from autotune.validate.judged import snapshot, tree_sha256
+    from autotune.validate.report import shown
+    from autotune.validate.server_arms import (
+        comparisons,
+        markdown,
+        one_batch_module,
+        plot_arms,
+        read_runs,
+        run_environment,
+        table,
+    )
 
     if not args.configs:
         raise ValidateError("--from-runs needs --configs: the tuned folder the runs' tuned arm loaded")
@@ -286,7 +294,7 @@ def _unpacked(src: str, into: Path) -> Path:
     """A runs folder, or the tarball the device call brought back (its one folder inside)."""
     import tarfile
 
-    from . import BenchmarkError
+    from autotune.validate import BenchmarkError
     p = Path(src)
     if not p.is_file():
         return p
@@ -315,12 +323,12 @@ def _latency_note(runs: list[dict], c) -> str:
 # --- harness ---------------------------------------------------------------------------------------
 
 def _validate_harness(args) -> int:
-    from .. import models
-    from ..device import NoDeviceError, cpu_interpreter, detect
-    from .gate import comparisons_from_runs
-    from .harness import HarnessModel, on_interpreter, run_harness
-    from .judged import snapshot
-    from .report import shown
+    from autotune.problems import models
+    from autotune.gpus.device import NoDeviceError, cpu_interpreter, detect
+    from autotune.validate.gate import comparisons_from_runs
+    from autotune.validate.harness import HarnessModel, on_interpreter, run_harness
+    from autotune.validate.judged import snapshot
+    from autotune.validate.report import shown
 
     if args.concurrencies:
         raise ValidateError("--concurrencies is for --engine sglang; the harness takes --batch-sizes")

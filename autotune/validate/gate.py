@@ -29,7 +29,7 @@ fewer than MIN_RUNS runs on either side is "not judged" (its threshold is still 
 gain or a regression. The gate fails when no point at all could be judged.
 
 Each side's own spread is reported as (p75 - p25) / median (min..max below four runs), the
-definition autotune's kernel timings use (autotune.measure).
+definition autotune's kernel timings use (autotune.measure.timing).
 
 The gate reports every point's verdict with its threshold (`points`), one summary per baseline
 ("tuned vs shipped: faster beyond noise at K of N points, ..."), and fails when any point's verdict
@@ -42,7 +42,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..measure import quartiles
+from autotune.measure.timing import quartiles
 
 D2 = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326}
 MAD_TO_SIGMA = 1.4826
@@ -71,7 +71,7 @@ def relative_sigma(xs: list[float]) -> float | None:
 
 
 def spread(xs: list[float]) -> float:
-    """(p75 - p25) / median, or (max - min) / median below four values (autotune.measure's rule)."""
+    """(p75 - p25) / median, or (max - min) / median below four values (autotune.measure.timing's rule)."""
     if not xs:
         return float("nan")
     q1, med, q3 = quartiles(list(xs))

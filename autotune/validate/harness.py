@@ -14,14 +14,14 @@ One decode step of N layers (per tensor-parallel rank, one GPU), each layer:
 The fused MoE is SGLang's Triton kernel through autotune's tuning runner: block alignment with
 SGLang's `moe_align_block_size`, `TritonMoe.run` (SGLang's `invoke_fused_moe_kernel`) for the
 gate_up GEMM, SGLang's `silu_and_mul`, `TritonMoe.run` for the down GEMM with the routing weights,
-the sum over top-k (as autotune.kernels.moe_backends.run_triton composes it). Its configs are the
+the sum over top-k (as autotune.families.moe_backends.run_triton composes it). Its configs are the
 ones SGLang's loader picks at each batch size (`sglang_selection`): from the tuned folder on the
 tuned side, from SGLang's built-in folder (its shipped file for this GPU, else its default
 heuristic) on the default side: what a server started without SGLANG_MOE_CONFIG_DIR loads.
 
 Weights are random (scaled 1/sqrt(K)), generated on the device; expert weights are distinct per
 layer as far as memory allows (else layers share sets, reported). On the GPU each timing is a
-CUDA graph of the whole step, L2 flushed before each of 7 replays, median (autotune.measure's
+CUDA graph of the whole step, L2 flushed before each of 7 replays, median (autotune.measure.timing's
 protocol); default and tuned are timed in alternation (ABBA) and repeated. tokens/s = batch /
 (step time x num_layers / N): the step scaled to the model's full layer count. Embedding, lm_head,
 sampling, norms, the attention cores and tensor-parallel all-reduce are not in the step: absolute
@@ -39,9 +39,9 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..kernels.moe_layer import SIDES, MoeSides
-from ..models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config, rank_problem
-from . import HarnessError
+from autotune.families.triton_moe.moe_layer import SIDES, MoeSides
+from autotune.problems.models import ModelError, MoeModel, Problem, layer_gemms, model_from_hf_config, rank_problem
+from autotune.validate import HarnessError
 
 INTERPRETER_NOTE = ("cpu-interpreter: Triton's CPU interpreter, float32, wall clock: these numbers exercise "
                     "the pipeline and mean nothing about speed")
@@ -247,7 +247,7 @@ class DecodeHarness(MoeSides):
         import torch
         from sglang.srt import runtime_context as rc
 
-        from ..kernels.sglang_loader import sglang_context
+        from autotune.adapters.sglang_loader import sglang_context
 
         scale = self.shapes.num_layers / self.layers if self.shapes.num_layers else 1.0
         runs, configs, checks, moe = [], {}, {}, {}
@@ -330,7 +330,7 @@ def run_harness(hm: HarnessModel, *, tp: int, device, tuned_dir: str | Path, bat
                 inner_repeats: int | None = None) -> dict:
     """Build the harness, check the tuned folder has this model's file, measure. Returns
     {"description", "runs", "configs", "checks", "shapes"}."""
-    from ..gpu_memory import hold_to_cap
+    from autotune.gpus.memory_plan import hold_to_cap
 
     if not on_cpu:
         hold_to_cap()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..reading import load_json, read_bytes
-from ..folder_change import RAW_RUNS, VALIDATION_JSON, VALIDATE_OUTPUTS as OUTPUTS, folder_sha256  # noqa: F401
+from autotune.fileio.reading import load_json, read_bytes
+from autotune.folder.change import RAW_RUNS, VALIDATION_JSON, VALIDATE_OUTPUTS as OUTPUTS, folder_sha256  # noqa: F401
 
 GPU = "gpu"
 

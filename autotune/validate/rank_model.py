@@ -18,13 +18,13 @@ import copy
 import json
 from pathlib import Path
 
-from ..errors import UsageError
-from ..fsutil import claim, json_with, listed, read_json, write_atomic, write_json
-from .. import models
-from ..models import ModelError, MoeModel
+from autotune.errors import UsageError
+from autotune.fileio.writing import claim, json_with, listed, read_json, write_atomic, write_json
+from autotune.problems import models
+from autotune.problems.models import ModelError, MoeModel
 
 # Text-config keys split across TP ranks, besides the expert and shared-expert widths (whose names
-# differ between model families: `divided_keys` takes them from autotune.hf_config, the reading `shapes`
+# differ between model families: `divided_keys` takes them from autotune.problems.hf_config, the reading `shapes`
 # and `run` use). The dense layers' MLP width is split as well (DeepSeek's first layers, Llama-4's
 # dense layers, Qwen's mlp_only_layers). KV heads are special (replicated below TP).
 HEADS = ("num_attention_heads",)
@@ -37,14 +37,14 @@ MLA_KEYS = ("qk_nope_head_dim", "kv_lora_rank")
 
 def divided_keys(text: dict) -> list[str]:
     """The keys of a text config that one TP rank holds a 1/tp share of, by the file's own names."""
-    from ..hf_config import text_section
+    from autotune.problems.hf_config import text_section
 
     names = text_section(text, "")[1]
     return list(dict.fromkeys((*HEADS, names["moe_intermediate_size"], names["shared"], *DENSE_MLP, *LINEAR_HEADS)))
 
 
 def preset_hf_config(m: MoeModel) -> dict:
-    """The HF config.json of a preset (autotune.models.PRESETS): every family has one."""
+    """The HF config.json of a preset (autotune.problems.models.PRESETS): every family has one."""
     if m.family == "qwen3-next" and m.linear is not None:
         return qwen3_next_hf_config(m)
     return qwen35_hf_config(m)
@@ -153,7 +153,7 @@ def rank_config(hf: dict, tp: int, layers: int | None = None, fp8_block: bool = 
 
 
 def _keep_layers(text: dict, layers) -> None:
-    from ..hf_config import text_section
+    from autotune.problems.hf_config import text_section
 
     key = text_section(text, "")[1]["num_layers"]      # the model's own name of its layer count
     full = text.get(key)
@@ -183,7 +183,7 @@ def block_fp8_dims(text: dict) -> dict[str, dict[str, int]]:
     """The per-rank dimensions SGLang checks against the weight block for every block-FP8 linear
     of a Qwen3.5 rank (output rows per shard of column-parallel layers, input columns of row-parallel
     ones), keyed by module name; the modules the checkpoint keeps bf16 are not listed."""
-    from ..hf_config import text_section
+    from autotune.problems.hf_config import text_section
 
     names = text_section(text, "")[1]
     hd = text["head_dim"]
@@ -271,7 +271,7 @@ def command(out, tp, model=None, model_config=None, layers=None, fp8_block=False
     hf = (models.read_hf_config(model_config) if model_config
           else preset_hf_config(models.select_models(model=model)[0]))
     folder = write_rank_model(out, hf, tp, layers, fp8_block)
-    from ..hf_config import text_section
+    from autotune.problems.hf_config import text_section
 
     rank, names = text_section(json.loads((folder / "config.json").read_text()), folder / "config.json")
     p = models.rank_problem(models.model_from_hf(hf, model_config or model), tp)

@@ -4,7 +4,7 @@ validation.json holds everything: every run with its metrics, the commands, the 
 per-point comparison and the gate. The plot shows tokens/s against batch size (harness) or
 concurrency (server), baseline vs tuned, median with the min..max of the runs as error bars.
 report.md links the plot and, where the folder has a provenance.json, repeats the tuning run's
-per-batch-size kernel tables. All files are written atomically (autotune.fsutil).
+per-batch-size kernel tables. All files are written atomically (autotune.fileio.writing).
 """
 from __future__ import annotations
 
@@ -14,13 +14,24 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..device import software_versions, utc_now
-from ..fsutil import (FileFormatError, WriteError, bytes_holding, claim_all, forced, json_with, read_json,
-                      save_figure, text_starting, write_atomic, write_json)
-from . import ValidateError
-from .gate import Comparison, GateResult
+from autotune.gpus.device import software_versions, utc_now
+from autotune.fileio.writing import (
+    FileFormatError,
+    WriteError,
+    bytes_holding,
+    claim_all,
+    forced,
+    json_with,
+    read_json,
+    save_figure,
+    text_starting,
+    write_atomic,
+    write_json,
+)
+from autotune.validate import ValidateError
+from autotune.validate.gate import Comparison, GateResult
 
-from ..folder_change import PLOT_PNG, REPORT_MD, VALIDATION_JSON  # noqa: F401  (validate's outputs, named where the folder is)
+from autotune.folder.change import PLOT_PNG, REPORT_MD, VALIDATION_JSON  # noqa: F401  (validate's outputs, named where the folder is)
 
 
 def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,

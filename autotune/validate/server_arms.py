@@ -22,9 +22,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fsutil import save_figure
-from . import BenchmarkError
-from .gate import Comparison, KnownSpread, comparisons_from_runs, relative_sigma
+from autotune.fileio.writing import save_figure
+from autotune.validate import BenchmarkError
+from autotune.validate.gate import Comparison, KnownSpread, comparisons_from_runs, relative_sigma
 
 ARMS = ("default", "shipped", "tuned")
 MEASURED_BY = {"one_batch": "bench_one_batch", "server": "server"}
@@ -49,7 +49,7 @@ _DOWN_REUSED = re.compile(r"Down MoE config file not found at " + _PATH + r"; re
 
 def one_batch_module(version: str) -> str:
     """The module `python -m` runs for SGLang's bench_one_batch: 0.5.23 moved it into sglang.benchmark."""
-    from ..sglang_versions import release_key
+    from autotune.adapters.sglang_versions import release_key
     return "sglang.benchmark.one_batch" if release_key(version) >= (0, 5, 23) else "sglang.bench_one_batch"
 
 

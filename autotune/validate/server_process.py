@@ -11,8 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import BenchmarkError, ServerError
-from .sglang_commands import LOOPBACK, check_port_free
+from autotune.validate import BenchmarkError, ServerError
+from autotune.validate.sglang_commands import LOOPBACK, check_port_free
 
 
 # --- processes --------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import socket
 import sys
 from pathlib import Path
 
-from . import PortInUseError
-from .sglang_inputs import ModelDir, TunedConfigs
+from autotune.validate import PortInUseError
+from autotune.validate.sglang_inputs import ModelDir, TunedConfigs
 
 
 SERVER_MODULE = "sglang.launch_server"

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import CommandError
-from .sglang_commands import ONE_BATCH_MODULE, SERVER_MODULE, SERVING_MODULE
+from autotune.validate import CommandError
+from autotune.validate.sglang_commands import ONE_BATCH_MODULE, SERVER_MODULE, SERVING_MODULE
 
 
 # --- SGLang's own parsers ---------------------------------------------------------------------

@@ -37,12 +37,21 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import BenchmarkError
-from .server_process import ServerProcess, run_logged
-from .sglang_commands import (LOOPBACK, ONE_BATCH_MODULE, check_port_free, free_port, one_batch_command,
-                              prepare_cache_dir, server_command, server_env, serving_command)
-from .sglang_inputs import ModelDir, TunedConfigs
-from .sglang_parsers import parse_command, sglang_parser
+from autotune.validate import BenchmarkError
+from autotune.validate.server_process import ServerProcess, run_logged
+from autotune.validate.sglang_commands import (
+    LOOPBACK,
+    ONE_BATCH_MODULE,
+    check_port_free,
+    free_port,
+    one_batch_command,
+    prepare_cache_dir,
+    server_command,
+    server_env,
+    serving_command,
+)
+from autotune.validate.sglang_inputs import ModelDir, TunedConfigs
+from autotune.validate.sglang_parsers import parse_command, sglang_parser
 
 
 # Metrics read from sglang.benchmark.serving's result line (its `result` dict, SGLang 0.5.23).

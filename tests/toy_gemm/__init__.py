@@ -3,8 +3,8 @@ object and one module per backend) and one registry entry (tests/test_families.p
 plain torch on the CPU; SGLang's --fp8-gemm-backend is the flag its choice goes to."""
 from dataclasses import dataclass, field
 
-from autotune.kernels.backend_family import BackendFamily
-from autotune.kernels.runner import Runner
+from autotune.families.backend_family import BackendFamily
+from autotune.families.runner import Runner
 
 @dataclass
 class ToyInputs:

@@ -1,0 +1,139 @@
+"""The `autotune` command: main, and run, worker, export and record as calls of the library
+(autotune.api); the flags: cli_parser.py; the commands on folders: folder_commands.py, printed by cli_folder.py.
+
+This module imports nothing that takes time: main installs the Ctrl-C and SIGTERM handlers before
+the first import that can (the parser's, SGLang's, torch's), so a stop at any moment is one line and
+exit 130 or 143 (a Ctrl-C in the first tenth of a second was a traceback from inside an import)."""
+from __future__ import annotations
+
+import sys
+
+from autotune import stops
+from autotune.cli import textout
+
+EXIT_STOPPED = {"SIGINT": 130, "SIGTERM": 143}
+
+
+# --- the commands that measure: a request from the flags, the library call (autotune.api) -------
+
+def cmd_run(args) -> int:
+    from autotune import api
+    api.run(api.request(api.RunRequest, args))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from autotune import api
+    api.worker(api.request(api.WorkerRequest, args))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from autotune import api
+    api.export(api.request(api.ExportRequest, args))
+    return 0
+
+
+def cmd_record(args) -> int:
+    from autotune import api
+    api.record(api.request(api.RecordRequest, args))
+    return 0
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+def build_parser():
+    from autotune.cli import parser
+    from autotune.cli.folder import commands
+
+    return parser.build_parser({**commands, "run": cmd_run, "worker": cmd_worker, "export": cmd_export,
+                                    "record": cmd_record})
+
+
+def _memory_cap_problem() -> str | None:
+    """AUTOTUNE_GPU_MEMORY read once, before any command: every command that touches the GPU obeys it."""
+    from autotune.gpus.memory_plan import GpuMemoryError, memory_cap
+
+    try:
+        memory_cap()
+    except GpuMemoryError as e:
+        return str(e)
+    return None
+
+
+def main(argv=None) -> int:
+    """The command line `argv` (None: the process's own, and the process ends after it: a stop from
+    then on, in the interpreter's shutdown, ends it at once with the same code)."""
+    stops.install()
+    textout.plain_fallbacks()          # an output encoding that lacks a character is never a failure
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:
+        stops.finishing()              # a second stop while this is said: the same exit, at once
+        # CPython remembers a KeyboardInterrupt that ended any code run from a string (dataclasses and
+        # namedtuple make their methods so), even one caught here, and `python -m autotune` then dies
+        # by SIGINT instead of exiting 130; each such run forgets it first, so one more resets it.
+        exec("pass", {})
+        import signal
+
+        by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
+        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
+              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
+        code = EXIT_STOPPED[by]
+    if argv is None:
+        stops.finishing(code)
+    else:
+        stops.install()                # an in-process caller goes on: a later stop is its KeyboardInterrupt
+    return code
+
+
+def _main(argv) -> int:
+    from autotune.cli.common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+    from autotune.errors import Incomplete, NothingDone, UsageError
+    from autotune.fileio.writing import FileFormatError, forcing
+    from autotune.cli.inputs import BadInput, cache_folders_problem, one_line
+    from autotune.problems.models import ModelError
+    from autotune.run.run_lock import RunLocked
+    from autotune.search.spaces import SpaceError
+
+    try:
+        args = build_parser().parse_args(argv)
+    except BadInput as e:
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    why = cache_folders_problem() or _memory_cap_problem()
+    if why:
+        print(f"autotune: error: {why}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if getattr(args, "log_level", None) == "debug":
+        import importlib
+
+        import optuna
+        importlib.import_module("autotune.store.storage")    # it quietens Optuna on import: first
+        optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        with forcing(getattr(args, "force", False)):
+            return args.fn(args)
+    except (UsageError, ModelError, SpaceError, FileFormatError, RunLocked) as e:
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NothingDone as e:
+        print(f"autotune: {one_line(e)}", file=sys.stderr)
+        return EXIT_NOTHING_DONE
+    except Incomplete as e:
+        print(f"autotune: incomplete: {one_line(e)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    except Exception as e:
+        import optuna
+        import sqlalchemy.exc
+
+        if not isinstance(e, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+            raise
+        print(f"autotune: error: storage lost mid-run ({type(e).__name__}: {str(e).splitlines()[0]}); "
+              "measurements told before are kept, nothing was exported for the unfinished problem",
+              file=sys.stderr)
+        return EXIT_STORAGE_LOST
+
+
+if __name__ == "__main__":
+    sys.exit(main())

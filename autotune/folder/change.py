@@ -1,0 +1,298 @@
+"""A tuned folder changes as one.
+
+A run writes many files into `<out>/<device>/`: two config files and a provenance entry per problem,
+the shipped overlay's copies, server_args.yaml, backend_choice.json, FlashInfer's cache and blocklist.
+SGLang reads the folder as a whole, so it must never see part of a change: a failure halfway (a full
+disk, a refused file, a crash) would otherwise leave a new gate_up file beside an old down file and a
+provenance that vouches for neither.
+
+So a command that writes into a tuned folder holds a `FolderChange` on it:
+- one writer at a time: an flock on a file named after the folder in the temp folder, taken before anything
+  is measured (a second run into the same folder is refused in one line, exit 2); the lock dies with its
+  process;
+- the change is staged whole in a copy beside the folder (`<out>/.<device>.staged-<pid>`, same file
+  system), and every path of the folder is read and written there (`tuned_folder` names it);
+- at the end the staged copy is swapped in by one rename (Linux's renameat2 RENAME_EXCHANGE; where the
+  file system refuses it, two renames), and the old copy removed. A change that failed anywhere is
+  thrown away instead: the folder is byte-identical to what it was.
+- a folder changed by someone else while the run measured (a hand edit, a copy) is not swapped over:
+  the change is kept aside and said, never silently dropped or merged.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import hashlib
+import os
+import tempfile
+import shutil
+from pathlib import Path
+
+from autotune.run.run_lock import RunLocked
+
+_ACTIVE: dict[Path, "FolderChange"] = {}
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def tuned_folder(out: str | Path, device) -> Path:
+    """The device's tuned folder under `out`, as this process must read and write it: the staged copy
+    while a change of it is open, the folder itself otherwise."""
+    return staged(Path(out) / device.file_name)
+
+
+def staged(folder: str | Path) -> Path:
+    change = _ACTIVE.get(_key(folder))
+    return change.staging if change is not None and change.staging is not None else Path(folder)
+
+
+def real(path: str | Path) -> str:
+    """A path as the user will find it once the change is in: inside a staged copy, the folder's own."""
+    return in_words(str(path))
+
+
+def in_words(text: str) -> str:
+    """A message with each staged copy's path as the folder's own (what the user knows)."""
+    for change in _ACTIVE.values():
+        if change.staging is not None:
+            text = text.replace(str(change.staging), str(change.given))
+    return text
+
+
+def fail_open(why: str) -> None:
+    """A write step of the open changes failed: they are thrown away at the end (nothing changes)."""
+    for change in _ACTIVE.values():
+        change.fail(why)
+
+
+def _key(folder: str | Path) -> Path:
+    folder = Path(folder)
+    return folder.parent.resolve() / folder.name
+
+
+class FolderChange:
+    """One change of one tuned folder: locked when made, staged on `begin`, swapped in on `commit`."""
+
+    def __init__(self, folder: str | Path, record_hashes: bool = True):
+        self.folder = _key(folder)
+        self.given = Path(folder)              # as the user named it: what messages show
+        self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
+        # In the temp folder, as autotune.run.run_lock's: the user's folder gets no litter (one host reaches it)
+        self.lock_path = Path(tempfile.gettempdir()) / (
+            "autotune-folder-" + hashlib.sha1(str(self.folder).encode()).hexdigest()[:16] + ".lock")
+        self.staging: Path | None = None
+        self.failed: str | None = None
+        self._fd: int | None = None
+        self._existed = False
+        self._made_parent = False             # begin() made the folder's parent: removed again if left empty
+        self._before: dict | None = None
+        self.outcome: str | None = None      # after the change: why nothing changed, if so
+
+    # -- one writer ------------------------------------------------------------------------------
+    def lock(self) -> "FolderChange":
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunLocked(f"another autotune command ({holder}) is writing into {self.given}; wait for it to "
+                            "finish, or write into another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        self._fd = fd
+        _ACTIVE[self.folder] = self
+        for stale in self.folder.parent.glob(f".{self.folder.name}.staged-*"):   # a killed writer's
+            shutil.rmtree(stale, ignore_errors=True)
+        return self
+
+    def release(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        if self._made_parent and not self.folder.exists():
+            with contextlib.suppress(OSError):    # nothing went in: the run leaves no empty output folder
+                self.folder.parent.rmdir()
+        _ACTIVE.pop(self.folder, None)
+        if self._fd is not None:
+            os.close(self._fd)           # the flock goes with it
+            self._fd = None
+
+    # -- staging ---------------------------------------------------------------------------------
+    def begin(self) -> Path:
+        """Stage a copy of the folder as it is now; from here every path of the folder means the copy."""
+        if self.staging is not None:
+            return self.staging
+        staging = self.folder.parent / f".{self.folder.name}.staged-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        self._existed = self.folder.is_dir()
+        self._made_parent = not self.folder.parent.exists()
+        if self._existed:
+            shutil.copytree(self.folder, staging, symlinks=True)
+        else:
+            staging.mkdir(parents=True)
+        self._before = manifest(self.folder)
+        self.staging = staging
+        return staging
+
+    def fail(self, why: str) -> None:
+        """A write of the change failed: the change is thrown away at the end, whatever else succeeds."""
+        self.failed = self.failed or why
+
+    def commit(self) -> str | None:
+        """Swap the staged change in; returns why it was not (the folder then is as it was)."""
+        if self.staging is None:
+            return None
+        if self.failed:
+            return f"nothing in {self.given} changed: {self.failed}"
+        if not _differs(self.folder, self.staging):
+            return None
+        if self.record_hashes:
+            try:
+                record_folder_hashes(self.staging)
+            except OSError as e:
+                return f"nothing in {self.given} changed: {in_words(str(e))}"
+        now = manifest(self.folder)
+        if now != self._before:
+            aside = self.folder.parent / f"{self.folder.name}.autotune-change-{os.getpid()}"
+            os.rename(self.staging, aside)
+            self.staging = None
+            return (f"{self.given} was changed by another hand while this run measured: not replaced; "
+                    f"this run's change is in {aside} (compare and move it in, or run again)")
+        _swap(self.staging, self.folder, self._existed)
+        _fsync_dir(self.folder.parent)
+        return None
+
+
+def _swap(new: Path, folder: Path, existed: bool) -> None:
+    if not existed:
+        os.rename(new, folder)          # fails where a folder appeared meanwhile: nothing lost
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None and fn(AT_FDCWD, os.fsencode(new), AT_FDCWD, os.fsencode(folder), RENAME_EXCHANGE) == 0:
+        shutil.rmtree(new)              # now the old copy
+        return
+    err = ctypes.get_errno() if fn is not None else errno.ENOSYS
+    if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, 0):
+        raise OSError(err, f"cannot swap {new} into {folder}: {os.strerror(err)}")
+    old = folder.parent / f".{folder.name}.old-{os.getpid()}"
+    os.rename(folder, old)              # the file system has no exchange: two renames, the old kept until
+    try:                                # the new one is in place
+        os.rename(new, folder)
+    except OSError:
+        os.rename(old, folder)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def manifest(folder: Path) -> dict:
+    """Every entry under the folder by relative path: (kind, size, mtime_ns) - what changes when anyone
+    writes there."""
+    if not folder.is_dir():
+        return {}
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(root) / name
+            st = p.lstat()
+            out[str(p.relative_to(folder))] = (st.st_mode >> 12, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _differs(a: Path, b: Path) -> bool:
+    """Whether the two trees differ in any file's name or bytes (a run that wrote the same bytes
+    changes nothing)."""
+    return (folder_sha256(a, outputs_aside=False) if a.is_dir() else {}) != folder_sha256(b, outputs_aside=False)
+
+
+FOLDER_SHA256 = "folder_sha256"
+# What `autotune validate` writes into a folder it judged (its record names the folder's other files' bytes)
+VALIDATION_JSON, PLOT_PNG, REPORT_MD = "validation.json", "validation.png", "report.md"
+VALIDATE_OUTPUTS = (VALIDATION_JSON, REPORT_MD, PLOT_PNG)
+RAW_RUNS = "validation_runs"          # `validate --engine sglang` keeps its raw results there
+
+
+def folder_sha256(folder: str | Path, outputs_aside: bool = True) -> dict[str, str]:
+    """{path in the folder (with /): sha256} of every regular file; `outputs_aside`: validate's own
+    outputs left out. Links to folders are not followed (what they hold is not the folder's)."""
+    import hashlib
+
+    from autotune.fileio.reading import read_bytes
+
+    root = Path(folder)
+    out = {}
+    for here, dirs, files in os.walk(root):
+        rel_here = Path(here).relative_to(root)
+        if outputs_aside and rel_here == Path("."):
+            dirs[:] = [d for d in dirs if d != RAW_RUNS]
+            files = [f for f in files if f not in VALIDATE_OUTPUTS]
+        for name in files:
+            path = Path(here) / name
+            if path.is_file():
+                out[(rel_here / name).as_posix()] = hashlib.sha256(read_bytes(path)).hexdigest()
+    return dict(sorted(out.items()))
+
+
+def folder_hashes(folder: Path) -> dict:
+    """{path in the folder: sha256} of every file autotune vouches for: all but provenance.json itself and
+    validate's own outputs (a validation names the bytes it judged, provenance.json among them)."""
+    return {rel: sha for rel, sha in folder_sha256(folder).items() if rel != "provenance.json"}
+
+
+def record_folder_hashes(folder: Path) -> None:
+    """Write into the staged provenance.json the sha256 of every file of the change, so `check` can tell
+    a file changed, added or removed by another hand from what autotune wrote."""
+    from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, read_folder_provenance
+    from autotune.fileio.writing import write_json
+
+    prov = read_folder_provenance(folder)
+    if prov is None:
+        return
+    prov[FOLDER_SHA256] = folder_hashes(folder)
+    write_json(folder / PROVENANCE, prov, ours=PROVENANCE_OURS)
+
+
+def unvouched(folder: Path, prov: dict) -> list[tuple[str, str]]:
+    """What `check` says of files provenance.json's folder_sha256 does not vouch for: added, changed or
+    removed since autotune wrote the folder (empty where provenance records no such list)."""
+    recorded = prov.get(FOLDER_SHA256)
+    if not isinstance(recorded, dict):
+        return []
+    now = folder_hashes(folder)
+    out = [(rel, "not written by autotune (provenance.json does not list it)"
+            + (": SGLang would load it unchecked" if rel.startswith("configs/") else ""))
+           for rel in sorted(now.keys() - recorded.keys())]
+    out += [(rel, "changed since autotune wrote it (its sha256 is not the one provenance.json records)")
+            for rel in sorted(now.keys() & recorded.keys()) if now[rel] != recorded[rel]]
+    out += [(rel, "written by autotune but missing") for rel in sorted(recorded.keys() - now.keys())]
+    return out
+
+
+@contextlib.contextmanager
+def folder_change(folder: str | Path, record_hashes: bool = True):
+    """Hold the folder for one command: locked now, staged by `begin()` (or on first need), swapped in
+    when the block ends without an error, thrown away when it raises or a write of it failed. Yields the
+    change; `change.outcome` says afterwards why nothing changed, if so."""
+    change = FolderChange(folder, record_hashes).lock()
+    try:
+        yield change
+    except BaseException:
+        change.release()
+        raise
+    try:
+        change.outcome = change.commit()
+    finally:
+        change.release()

@@ -1,0 +1,189 @@
+"""`autotune check FOLDER`: do the committed configs still match the machine that serves them?
+
+Reads the folder's provenance.json (written by export) and compares it with this machine:
+- SGLang: the releases each file runs in (`sglang_versions`, autotune.adapters.sglang_versions) against
+  the release installed here or named by --sglang-version: a file that would crash it is drift;
+- GPU: SGLang matches `device_name` exactly, so files measured on another GPU model are never
+  loaded here: drift;
+- Triton: SGLang loads a file from another Triton folder with only a warning, and a Triton
+  upgrade can move the best config (vLLM issue 32806): drift, re-tune;
+- torch, CUDA, driver, FlashInfer: listed when they differ (they move timings less directly).
+On a GPU that matches, a sample of each Triton MoE file's batch sizes is re-timed as SGLang runs
+the layer (autotune.families.triton_moe.moe_layer): the folder's config against SGLang's shipped file and its
+default heuristic, in turns; tuned slower than either beyond the measured spread is drift.
+Without a GPU only the SGLang check runs, and the output says so. Exit 0: fresh; 1: drifted
+(each file or fact listed with why and what to do); 2: bad input (no folder, no provenance, a
+provenance without version records, an unsupported release).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.adapters.sglang_versions import VersionError, parse_targets
+from autotune.fileio.reading import load_json
+
+FRESH, DRIFTED = 0, 1
+
+
+class CheckError(ValueError):
+    pass
+
+
+def machine_drift(prov: dict, machine) -> tuple[list[str], list[str]]:
+    """(drift: reasons to re-tune, notes: differences worth knowing) between provenance and `machine`."""
+    dev = prov.get("device") or {}
+    was, now = dev.get("versions", {}), machine.versions
+    drift, notes = [], []
+    if dev.get("name") != machine.name:
+        drift.append(f"GPU: measured on {dev.get('name')!r}, this is {machine.name!r}: SGLang matches device_name "
+                     "exactly and will not load these files here (tune this GPU, or export --device-name for "
+                     "another SKU of the same chip)")
+    if was.get("triton") != now.get("triton"):
+        drift.append(f"Triton: measured with {was.get('triton')}, this machine has {now.get('triton')}: SGLang falls "
+                     "back to the other Triton folder with a warning, and the best configs can move: re-tune")
+    for k in ("torch", "cuda", "flashinfer"):
+        if was.get(k) and now.get(k) and was.get(k) != now.get(k):
+            notes.append(f"{k}: measured with {was[k]}, this machine has {now[k]}")
+    if dev.get("driver") and machine.driver and dev.get("driver") != machine.driver:
+        notes.append(f"driver: measured with {dev['driver']}, this machine has {machine.driver}")
+    return drift, notes
+
+
+def read_provenance(folder: str | Path) -> dict:
+    folder = Path(folder)
+    prov_path = folder / "provenance.json"
+    if not folder.is_dir():
+        raise CheckError(f"{folder} is not a folder")
+    try:
+        prov = load_json(prov_path)
+    except FileNotFoundError:
+        raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
+    except (OSError, ValueError) as e:
+        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__}: {e})") from None
+    from autotune.folder.config_files import provenance_problem
+    why = provenance_problem(prov)
+    if why:
+        raise CheckError(f"{prov_path} is not autotune provenance ({why}); fix it or re-export the folder")
+    return prov
+
+
+def _targets(version_spec: str | None) -> list[str]:
+    try:
+        return parse_targets(version_spec)
+    except VersionError as e:
+        raise CheckError(str(e)) from None
+
+
+def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[str]]:
+    """Per file of the folder: why it must be re-tuned or re-exported (empty: fresh)."""
+    machine_reasons = machine_drift(prov, machine)[0] if machine is not None else []
+    out = {}
+    for name, entry in sorted(prov["files"].items()):
+        valid = entry.get("sglang_versions")
+        if not isinstance(valid, list):
+            raise CheckError(f"provenance.json: {name} records no SGLang versions (exported before version "
+                             "provenance): re-export it with --sglang-version")
+        missing = [v for v in targets if v not in valid]
+        why = [f"does not run in SGLang {', '.join(missing)} (runs in {', '.join(valid) or 'none'})"] if missing else []
+        out[name] = why + machine_reasons
+    return out
+
+
+# Batch sizes re-timed per file (those the file holds): decode, mid and prefill.
+RETIME_MS = (1, 32, 256, 4096)
+
+
+def retime_sample(batch_sizes) -> list[int]:
+    have = [int(M) for M in batch_sizes]
+    return [M for M in RETIME_MS if M in have] or sorted(have)[:: max(1, len(have) // 3)]
+
+
+def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=None,
+           batch_sizes=None) -> tuple[int, list[str]]:
+    """(files slower than shipped or default, report lines) after re-timing each Triton MoE file
+    of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_layer.time_sides)."""
+    from autotune.problems.models import Problem, problem_from_dict
+    from autotune.families.triton_moe.moe_layer import LayerError, MoeSides, time_sides, verdict
+
+    from autotune.gpus.memory_plan import hold_to_cap
+
+    if timer is None:
+        hold_to_cap()
+    timer = timer or time_sides
+    slow, lines, timed, held = 0, [], 0, set()
+    for name, entry in sorted(prov["files"].items()):
+        problem = problem_from_dict(entry["problem"]) if isinstance(entry.get("problem"), dict) else None
+        if not isinstance(problem, Problem):
+            continue
+        try:
+            sides = MoeSides(problem, machine, folder)
+        except LayerError as e:
+            lines.append(f"{name}: not re-timed: {e}")
+            continue
+        Ms = [M for M in batch_sizes if M in problem.batch_sizes] if batch_sizes else retime_sample(problem.batch_sizes)
+        if not Ms:
+            held.update(problem.batch_sizes)
+            lines.append(f"{name}: not re-timed: none of --batch-sizes is among its batch sizes")
+            continue
+        timed += 1
+        for row in timer(sides, Ms, repeats):
+            t, v = row["tuned µs"], verdict(row)
+            said = (f"{name} M={row['M']}: tuned {t:.1f} µs, shipped {row['default µs']:.1f} µs "
+                    f"({row['default source']}), default {row['heuristic µs']:.1f} µs")
+            if v["slower"]:
+                slow += 1
+                lines.append(f"drift: {said}: slower than {v['name']} by {t / v['us'] - 1:.1%} "
+                             f"(spread {v['noise']:.1%}): re-tune this file")
+            else:
+                lines.append(f"re-timed {said}: no slower than either (spread {v['noise']:.1%})")
+    if batch_sizes and held and not timed:
+        raise CheckError(f"--batch-sizes {','.join(map(str, batch_sizes))}: no Triton MoE file of {folder} holds any of "
+                         f"them (they hold {','.join(map(str, sorted(held)))})")
+    return slow, lines
+
+
+def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime_gpu: bool = False,
+                 timer=None, batch_sizes=None, loader="sglang") -> tuple[int, list[str]]:
+    from autotune.folder.config_files import file_problems, sglang_loads
+
+    prov = read_provenance(folder)
+    targets = _targets(version_spec)
+    lines, bad = [], 0
+    if not prov["files"]:       # a backend-choices-only export is one; say it rather than a bare "fresh"
+        lines.append("provenance.json lists no tuned config files: no file here for SGLang's loaders to check")
+    # the files themselves: there, unchanged since export, in SGLang's schema, loaded by SGLang's loader
+    broken = file_problems(folder, prov, sglang_loads if loader == "sglang" else loader)
+    for name, why in broken.items():
+        bad += 1
+        lines.append(f"drift: {name}: {why}")
+    from autotune.folder.change import unvouched
+    for rel, why in unvouched(Path(folder), prov):      # every file, listed or not
+        if Path(rel).name in broken:
+            continue
+        if rel.startswith("configs/"):                  # what SGLang's loader serves
+            bad += 1
+            lines.append(f"drift: {rel}: {why}")
+        else:                                           # publish merges server_args.yaml, say
+            lines.append(f"note: {rel}: {why}")
+    for name, why in file_drift(prov, targets).items():
+        if name in broken:
+            continue
+        if why:
+            bad += 1
+            lines.append(f"{name}: {why[0]}; re-export with --sglang-version "
+                         f"{next(v for v in targets if v not in prov['files'][name]['sglang_versions'])}")
+        else:
+            lines.append(f"{name}: runs in SGLang {', '.join(targets)}")
+    if machine is None:
+        lines.append("no GPU visible here: GPU, Triton, torch and driver not compared (run check on the serving machine)")
+    else:
+        drift, notes = machine_drift(prov, machine)
+        bad += len(drift)
+        lines += [f"drift: {d}" for d in drift] + [f"note: {n}" for n in notes]
+        if not drift:
+            lines.append(f"GPU {machine.name} and Triton {machine.versions.get('triton')} as measured")
+            if retime_gpu:
+                slow, timed = retime(folder, prov, machine, timer=timer, batch_sizes=batch_sizes)
+                bad += slow
+                lines += timed
+    return (DRIFTED if bad else FRESH), lines

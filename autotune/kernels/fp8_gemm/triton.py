@@ -1,6 +1,0 @@
-"""SGLang's Triton block-FP8 GEMM (w8a8_block_fp8_matmul), --fp8-gemm-backend triton."""
-from ...backends import HOPPER_AND_UP
-from . import SglangLinear
-
-RUNNER = SglangLinear("fp8_gemm", "triton", "triton", "SGLang w8a8_block_fp8_matmul (Triton, block [128, 128])",
-                      sms=frozenset({89}) | HOPPER_AND_UP, needs=("sglang",), function="triton_w8a8_block_fp8_linear")

@@ -1,0 +1,60 @@
+"""What a measuring pool is asked: the run's worker settings, one task (one config of one GEMM at
+a list of M), and the loop that runs tasks through any pool (autotune.measure.pool's processes or
+autotune.measure.replay's recording: the same submit / idle / poll verbs)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune import stops
+
+
+@dataclass
+class Settings:
+    family: str = "triton_moe"    # default family of tasks that name none
+    options: dict = field(default_factory=dict)   # family name -> constructor options
+    on_cpu: bool = False          # Triton's interpreter (TRITON_INTERPRET=1), wall-clock timing
+    seed: int = 0
+    skew: float = 0.0
+    routings: int = 10
+    repeats: int = 7
+    # (family, problem dicts) of the run: the first worker builds the JIT kernels they need
+    # (alignment, quantization, FlashInfer modules) before the others start, so N processes do
+    # not race N nvcc builds.
+    warmup: list = field(default_factory=list)
+    # Where workers' stdout and stderr go (file descriptors, so compiler dumps from C++ too):
+    # never the user's terminal. None leaves them alone.
+    log_path: str | None = None
+    # GPU index -> bytes each worker there may hold in torch's allocator (its share of the memory plan,
+    # autotune.gpus.memory_plan); none: no limit (the CPU, tests).
+    memory_limits: dict = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    problem: dict                 # Problem.to_dict()
+    problem_key: str
+    gemm: str
+    config: dict
+    Ms: list
+    repeats: int | None = None    # overrides Settings.repeats (careful re-measurements)
+    family: str = ""              # kernel family; "" = Settings.family
+    id: int = 0
+    tag: object = None            # orchestrator bookkeeping, never sent
+    tactics: bool = False         # also list the tactics the backend offers at each M
+    # A config timed alternately beside this one in one hold of the GPU lock (measure.duel): a
+    # tactic's careful re-measurement beside its backend's default, so the pin compares one state.
+    versus: dict | None = None
+
+
+def run_tasks(pool, tasks: list, on_result, stop=lambda: False) -> list:
+    """Submit `tasks` to `pool` (a WorkerPool or a ReplayPool) as workers free up and call
+    on_result(task, measurements) for each finished one. Once stop() is true nothing new is
+    submitted; tasks in flight still land. Returns the tasks never submitted."""
+    queue = list(tasks)
+    with stops.deferred():      # a stop lands in the pool's wait, not inside on_result's storage writes
+        while (queue and not stop()) or pool.busy():
+            while queue and pool.idle() and not stop():
+                pool.submit(queue.pop(0))
+            for task, ms in pool.poll(timeout=0.2):
+                on_result(task, ms)
+    return queue

@@ -1,0 +1,1 @@
+"""`autotune run` and its kin (`worker`, `export`, `record`): the pipeline, its steps and what it prints."""

@@ -1,0 +1,175 @@
+"""`autotune run`'s (and `export`'s) config-search step (the Triton fused-MoE configs): search each problem, select per M,
+confirm the picks as SGLang runs the layer (on a GPU), write SGLang's files, then lay SGLang's
+shipped files and the other SKU names beside them."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from autotune.errors import UsageError
+from autotune.folder.change import real, tuned_folder
+from autotune.run.common import after_search, no_bar, record_measurements, triton_settings
+
+
+def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, summary: dict) -> bool:
+    """Search, select and export each problem of `fp`; True when a file was written for one of them."""
+    from tqdm import tqdm
+
+    from autotune.search.study import ProblemTuner
+
+    family = fp.family
+    settings = triton_settings(req, budget, warm)
+    wrote = False
+    for p in fp.problems:
+        t0 = time.monotonic()
+        with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
+                  desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
+            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
+                                 study_device=dev_name)
+            bar.update(sum(s.asked for s in tuner.slots.values()))
+            tuner.measure_baselines()
+            tuner.search()
+        wrote |= select_and_export(req, tuner, device, clock, t0, summary)
+        if req.record:
+            after_search(summary, f"--record {req.record}", record_measurements, req.record, device, p,
+                         (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
+    if wrote:
+        after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
+                     req, device, family, folder_step=True)
+    return wrote
+
+
+def sku_names(req, device) -> tuple[str, ...]:
+    """--device-name values, checked before anything is measured."""
+    from autotune.export.skus import SkuError, check_name
+    from autotune.gpus.catalog import same_product
+
+    names = []
+    for raw in getattr(req, "device_name", None) or ():
+        try:
+            name = check_name(raw)
+        except SkuError as e:
+            raise UsageError(str(e)) from None
+        if same_product(device.name, name) is False:
+            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
+                             "measured there")
+        if name.replace(" ", "_") in (n.replace(" ", "_") for n in names):   # one file name: written twice
+            raise UsageError(f"--device-name {name!r} is given twice; each SKU is written once")
+        names.append(name)
+    return tuple(names)
+
+
+def overlay(req, device, family) -> None:
+    from autotune.export.overlay import overlay_shipped
+    from autotune.export.skus import copy_for_skus
+
+    folder = tuned_folder(req.out, device)
+    skus = sku_names(req, device)
+    for path in copy_for_skus(folder, device.name, list(skus)):
+        print(f"  wrote {real(path)} (same configs, for another SKU)")
+    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
+    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
+          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
+
+
+def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
+    """Select each M's pair and write the problem's files; False (nothing written) where no finalist,
+    baselines included, ran correctly at any M: a file of `{}` would replace SGLang's shipped one."""
+    from autotune.export.sglang import export_problem
+    from autotune.run.report import format_table, problem_table, table_records
+    from autotune.families.triton_moe.pairs import select_problem
+    from autotune.store.storage import safe_url
+
+    p, settings = tuner.problem, tuner.settings
+    choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    if not choices:
+        print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
+              "included: no file written for it")
+        return False
+    layer = _confirm_by_layer(p, choices, device, tuner.pool, summary)
+    trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
+    run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
+                "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
+                "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
+                "wall_seconds": round(time.monotonic() - t0, 1),
+                "storage": safe_url(req.storage or "sqlite:///autotune.db"),
+                "warm_start": getattr(req, "warm_start", None), "warm_start_configs": tuner.warm_queued,
+                "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
+                          for M, (n, f) in trials.items()}}
+    written = after_search(summary, f"writing the files of {p.key}", export_problem, req.out, device, p, choices,
+                           run_info, tuner.family.sglang_versions, folder_step=True)
+    if written is None:
+        return False
+    written["files"] = [real(f) for f in written["files"]]
+    print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} configs measured "
+          f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
+          f"included), device time {clock.device_s():.0f} s")
+    table = problem_table(choices, trials)
+    print(format_table(table))
+    summary.setdefault(tuner.family.name, []).append(
+        {"problem": p.key, "per_M": table_records(table), "files": written["files"], "kept": written["kept"],
+         "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
+    for M, why in written["kept"].items():
+        print(f"  M={M}: kept the existing config ({why})")
+    print("  wrote " + "\n  wrote ".join(written["files"]))
+    for M in written["missing"]:
+        why = why_no_pair(tuner, M)
+        print(f"  M={M}: no key written: {why} (SGLang takes the nearest batch size's key)")
+        summary.setdefault("incomplete", []).append(f"{p.key} has no key for M={M} ({why})")
+    return True
+
+
+def why_no_pair(tuner, M: int) -> str:
+    """Why the selection found no (gate_up, down) pair at M that ran correctly."""
+    from collections import Counter
+
+    from autotune.measure.records import INVALID
+
+    parts = []
+    for g in tuner.family.gemms:
+        ms = [m for m in tuner.measured[g, M].values() if m.status != INVALID]
+        if not any(m.ok for m in ms):
+            counts = ", ".join(f"{n} {status}" for status, n in Counter(m.status for m in ms).most_common())
+            first = next((m.reason for m in ms if m.reason), "")
+            parts.append(f"no {g} config ran correctly ({counts or 'none measured'}" +
+                         (f"; e.g. {first[:160]}" if first else "") + ")")
+    return "; ".join(parts) or "no re-measured pair sharing BLOCK_SIZE_M ran correctly"
+
+
+def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:
+    """On a GPU: each M's pick against SGLang's shipped and default pairs, timed as SGLang runs the
+    layer (autotune.families.triton_moe.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
+    layer to time: its picks stand on the recorded per-GEMM times, and it says so. The check runs in
+    this process, held to its share of the GPU memory plan; where it fails (out of memory, say) the
+    selection's picks are written and the run says the check is missing."""
+    from autotune.families.triton_moe.confirm import confirm_by_layer
+    from autotune.families.triton_moe.moe_layer import LayerError
+
+    if device.kind != "gpu":
+        return {}
+    fraction = pool.main_fraction() if hasattr(pool, "main_fraction") else None
+    try:
+        if fraction is not None:
+            import torch
+
+            from autotune.gpus.memory_plan import limit_process
+            gpu = pool.memory_plan.gpus[0].index
+            torch.cuda.set_device(gpu)
+            limit_process(fraction, gpu)
+        layer = after_search(summary, f"the layer check of {problem.key}", confirm_by_layer, problem, choices,
+                             device, let_through=LayerError) or {}
+    except LayerError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
+        print(f"  layer check of {problem.key} not done: {e}")
+        return {}
+    finally:                      # the workers' next phase may need what this process held
+        import gc
+
+        import torch
+        gc.collect()
+        torch.cuda.empty_cache()
+    for M, rec in sorted(layer.items()):
+        if "switched_to" in rec:
+            print(f"  M={M}: SGLang's {rec['switched_to']} pair is {rec['margin']:.1%} faster than the pick as "
+                  f"SGLang runs the layer (spread {rec['spread']:.1%}): written instead")
+    return layer

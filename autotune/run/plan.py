@@ -1,0 +1,116 @@
+"""Which problems each requested kernel family tunes on this device, and why others are left out.
+
+Families (autotune.families.registry): triton_moe (SGLang's Triton fused-MoE configs per shape and M), the
+MoE runner choice for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense
+GEMM backend choice (fp8_gemm, fp4_gemm). Each one's problems are its registry entry's kind (the
+fused-MoE layers or the dense GEMMs) at its dtype. A family that cannot run here is reported once,
+with why.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from autotune.families import registry
+from autotune.problems import models
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass
+class FamilyPlan:
+    name: str
+    family: object
+    problems: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)     # (problem, why)
+    unrecorded: list = field(default_factory=list)  # (problem, batch sizes the replay lacks), tuned without them
+    unsupported: str | None = None                  # the whole family cannot run here
+
+
+def parse_kernels(text: str | None) -> list[str]:
+    """The families --kernels names, each once; `all` (alone) or no flag: every family."""
+    known = registry.names()
+    if text is None or text.strip() == "all":
+        return list(known)
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    if not names:
+        raise PlanError(f"--kernels names no kernel family (got {text!r}); known: {', '.join(known)}, all")
+    if "all" in names:
+        raise PlanError(f"--kernels {text!r}: 'all' is every family, on its own; name families or all")
+    bad = [k for k in names if k not in known]
+    if bad:
+        raise PlanError(f"unknown kernel family {', '.join(map(repr, bad))}; known: {', '.join(known)}, all")
+    twice = sorted({k for k in names if names.count(k) > 1})
+    if twice:
+        raise PlanError(f"--kernels lists {', '.join(twice)} twice; each family is tuned once")
+    return names
+
+
+def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, device, cache=None,
+          options: dict | None = None) -> tuple[models.Expansion, list[FamilyPlan]]:
+    """Plans per family. `dtypes` filters the dtypes of the families that take --dtype (None: all of
+    SGLang's Triton fused MoE); the fused-MoE problems at those dtypes are returned beside the plans."""
+    from autotune.families.protocol import get_family
+
+    options = options or {}
+    recorded = recorded_batch_sizes(cache)
+    triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
+    plans = []
+    for name in kernels:
+        fam, spec = get_family(name, **options.get(name, {})), registry.get(name)
+        if spec.problems == registry.MOE:
+            problems = (models.expand(chosen_models, tps, eps, (spec.dtype,), batch_sizes).problems if spec.dtype
+                        else triton.problems)
+        else:
+            problems = [g for m in chosen_models for tp in tps
+                        for g in models.dense_gemms(m, tp, spec.dtype, batch_sizes)]
+            problems = list({p.key: p for p in problems}.values())
+        plans.append(family_plan(name, fam, problems, device, cache, recorded,
+                                 recorded_Ms=batch_sizes == models.DEFAULT_BATCH_SIZES))
+    return triton, plans
+
+
+def recorded_batch_sizes(cache) -> dict:
+    """(problem key, GEMM) -> the batch sizes a replay cache holds (empty without a cache)."""
+    out: dict = {}
+    for m in (cache.records.values() if cache is not None else ()):
+        out.setdefault((m.problem, m.gemm), set()).add(m.M)
+    return out
+
+
+def family_plan(name: str, fam, problems, device, cache=None, recorded: dict | None = None,
+                recorded_Ms: bool = False) -> FamilyPlan:
+    """Which of `problems` the family tunes here, each with the batch sizes it can have; why not
+    the others. `recorded_Ms`: a replay's problems take the batch sizes of its recording."""
+    recorded = recorded_batch_sizes(cache) if recorded is None else recorded
+    plan = FamilyPlan(name, fam)
+    for p in problems:
+        why = fam.unsupported_reason(p, device)
+        if why is None and cache is not None:
+            rec = cache.problems.get(p.key)
+            if rec is None or not any((p.key, g) in recorded for g in fam.gemms):
+                why = "not in the replay cache"
+            else:
+                if recorded_Ms:
+                    p = models.problem_from_dict({**rec, "sources": [list(s) for s in p.sources]})
+                # A replay answers only what was recorded: say once which batch sizes it lacks
+                # and tune the others, rather than fail every trial at those M.
+                have = set.intersection(*(recorded.get((p.key, g), set()) for g in fam.gemms))
+                lacking = tuple(M for M in p.batch_sizes if M not in have)
+                if len(lacking) == len(p.batch_sizes):
+                    why = (f"the replay recorded none of batch sizes {_ints(lacking)} "
+                           f"(it has {_ints(sorted(have))})")
+                elif lacking:
+                    p = dataclasses.replace(p, batch_sizes=tuple(M for M in p.batch_sizes if M in have))
+                    plan.unrecorded.append((p, lacking))
+        (plan.skipped.append((p, why)) if why else plan.problems.append(p))
+    if not plan.problems and plan.skipped:
+        reasons = {why for _, why in plan.skipped}
+        plan.unsupported = reasons.pop() if len(reasons) == 1 else "; ".join(sorted(reasons))
+    return plan
+
+
+def _ints(values) -> str:
+    return ",".join(str(v) for v in values)

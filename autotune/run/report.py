@@ -1,0 +1,97 @@
+"""Tables for people: per problem, M | default | shipped | tuned | speedup | trials | failed."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from autotune.search.finalists import Choice
+
+
+def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]) -> pd.DataFrame:
+    rows = []
+    for M in sorted(set(choices) | set(trials)):
+        c = choices.get(M)
+        n, failed = trials.get(M, (0, 0))
+        default = c.baseline_us.get("default") if c else None
+        shipped = c.baseline_us.get("shipped") if c else None
+        ref = min((x for x in (default, shipped) if x is not None), default=None)
+        rows.append({
+            "M": M,
+            "default µs": default,
+            "shipped µs": shipped,
+            "tuned µs": c.total_us if c else None,
+            "speedup": (ref / c.total_us) if c and ref else None,
+            "trials": n,
+            "failed": failed,
+            "winner": c.source if c else "none",
+        })
+    return pd.DataFrame(rows)
+
+
+def backend_table(tuner, choices: dict) -> pd.DataFrame:
+    """Per M: SGLang's auto backend and time, the winner and its time, every backend's search time."""
+    auto = tuner.family.sglang_auto(tuner.device)
+    # a column per declared backend; a value SGLang lists and no module declares only where it ran
+    # (its refusal is a `disqualified` line: on SM90 that is every one of them)
+    shown = [b for b in tuner.names if _declared(tuner.family, b) or any(tuner.time_of(b, M) for M in tuner.Ms)]
+    rows = []
+    for M in tuner.Ms:
+        c = choices.get(M)
+        row = {"M": M, "auto": auto or "-", "auto µs": c.auto_us if c else None,
+               "best": backend_label(c.config) if c else "none", "best µs": c.time_us if c else None,
+               "speedup": (c.auto_us / c.time_us) if c and c.auto_us else None}
+        for b in shown:
+            row[f"{b} µs"] = tuner.time_of(b, M)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _declared(family, name: str) -> bool:
+    return getattr(family.runner(name), "declared", True)
+
+
+def tactic_table(tuner, pinned: dict) -> pd.DataFrame:
+    """Per tunable backend and M: its default (-1) and its best tactic, both re-measured (with the
+    best one's spread: (p75 - p25) / median over its timed replays)."""
+    from autotune.families.backend_family import LAYER
+    from autotune.measure.records import config_key
+
+    rows = []
+    for b, per_m in sorted(pinned.items()):
+        for M, c in sorted(per_m.items()):
+            m = tuner.careful.get((LAYER, M, config_key(c.config)))
+            rows.append({"backend": b, "M": M, "-1 µs": c.auto_us, "tactic": json.dumps(c.config.get("tactic", -1)),
+                         "tactic µs": c.time_us, "spread": m.spread if m is not None else None,
+                         "speedup": (c.auto_us / c.time_us) if c.auto_us else None})
+    return pd.DataFrame(rows)
+
+
+def backend_label(config: dict) -> str:
+    """A backend, with its tactic where it is not the default: `flashinfer_cudnn tactic [3, []]`."""
+    tactic = config.get("tactic", -1)
+    return config["backend"] if tactic == -1 else f"{config['backend']} tactic {json.dumps(tactic)}"
+
+
+def table_records(df: pd.DataFrame) -> list[dict]:
+    """A report table as JSON-ready rows (missing values as null)."""
+    return [{k: (None if isinstance(v, float) and pd.isna(v) else v.item() if hasattr(v, "item") else v)
+             for k, v in row.items()} for row in df.to_dict(orient="records")]
+
+
+def format_table(df: pd.DataFrame) -> str:
+    def fmt(col, v):
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return "-"
+        if col == "speedup":
+            return f"{v:.3f}x"
+        if col == "spread":
+            return f"{v:.1%}"
+        if col.endswith("µs"):
+            return f"{v:.2f}"
+        return str(v)
+    cols = list(df.columns)
+    body = [[fmt(c, r[c]) for c in cols] for r in df.to_dict("records")]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: " | ".join(x.rjust(w) for x, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(cols), "-+-".join("-" * w for w in widths)] + [line(b) for b in body])

@@ -1,0 +1,1 @@
+"""The Optuna storage: opened, claimed per run name, and indexed by (problem, part, M) for both searches."""
