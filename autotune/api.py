@@ -159,7 +159,7 @@ def run(req: RunRequest) -> RunResult:
     if memory is not None:
         summary["memory_plan"] = memory.to_dict()
     from autotune.folder.change import folder_change
-    from autotune.run.run_lock import run_lock
+    from autotune.store.run_lock import run_lock
     from autotune.store.storage import DEFAULT_STORAGE
     with pool, run_lock(storage, req.storage or DEFAULT_STORAGE, run_name), \
             folder_change(Path(req.out) / device.file_name) as change:

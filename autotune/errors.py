@@ -1,6 +1,13 @@
 """The error every step raises for bad input: the command prints its one line and exits 2."""
 
 
+def one_line(error) -> str:
+    """An error's text as the one line the CLI prints (a library's message may span several, and may
+    quote a name from a file with control characters in it: those are shown escaped, never sent raw)."""
+    text = " ".join(str(error).split())
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class UsageError(Exception):
     """Bad input: one line on stderr, exit code 2."""
 

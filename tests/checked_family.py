@@ -17,7 +17,7 @@ tighter one).
 """
 from types import SimpleNamespace
 
-from autotune.search.spaces import Space
+from autotune.families.spaces import Space
 from tests.faulty_family import Faulty
 
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from autotune.families.capabilities import Availability
 from autotune.families.runner import Runner
-from autotune.search.spaces import Space
+from autotune.families.spaces import Space
 
 VALUES = {"nan_at_2": "flashinfer_trtllm", "zeros": "flashinfer_cutedsl", "crash": "deep_gemm", "hang": "cutlass",
           "good_fast": "flashinfer_cutlass", "good_slow": "triton", "missing": "marlin",

@@ -105,7 +105,7 @@ def record_configs_on_this_cpu(path):
     from autotune.measure.measurer import Measurer
     from autotune.measure.tasks import Settings, Task
     from tests.toy_moe_configs import GEMMS, SPACE
-    from autotune.search.spaces import Space
+    from autotune.families.spaces import Space
 
     fam = get_family("toy_moe")
     measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
@@ -126,7 +126,7 @@ def record_configs_on_this_cpu(path):
 
 
 def test_a_toy_config_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, capsys):
-    from autotune.search.spaces import Space
+    from autotune.families.spaces import Space
     from tests.toy_moe_configs import DEFAULT, SPACE
 
     with registry.plugged(TOY_CONFIGS):

@@ -12,7 +12,7 @@ import pytest
 from autotune.fileio import writing
 from autotune.cli import main
 from autotune.folder.change import FolderChange, folder_change, staged
-from autotune.run.run_lock import RunLocked
+from autotune.store.run_lock import RunLocked
 from tests.conftest import GRID, ROOT
 
 
@@ -71,7 +71,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     with folder_change(folder):
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
                 "from autotune.folder.change import FolderChange\n"
-                "from autotune.run.run_lock import RunLocked\n"
+                "from autotune.store.run_lock import RunLocked\n"
                 f"try: FolderChange({str(folder)!r}).lock()\n"
                 "except RunLocked as e: print(e); sys.exit(3)\n")
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -142,7 +142,7 @@ def test_a_read_only_storage_warm_starts_a_run_but_holds_none(tmp_path, capsys):
 
 
 def test_one_run_lock_per_database_file_however_the_url_names_it(tmp_path, monkeypatch):
-    from autotune.run.run_lock import _key
+    from autotune.store.run_lock import _key
 
     monkeypatch.chdir(tmp_path)
     spellings = ["sqlite:///a.db", f"sqlite:///{tmp_path}/a.db", "sqlite:///a.db?timeout=30",

@@ -107,7 +107,7 @@ def _tuned_folder(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory):
-    from autotune.validate.command import add_parser
+    from autotune.cli.validate import add_parser
 
     root = tmp_path_factory.mktemp("harness")
     d = _tuned_folder(root)
@@ -188,7 +188,7 @@ def test_harness_report_files(harness_run):
 
 
 def test_harness_refuses_a_folder_without_this_models_file(tmp_path, capsys):
-    from autotune.validate.command import add_parser
+    from autotune.cli.validate import add_parser
 
     (tmp_path / "configs" / "triton_3_8_0").mkdir(parents=True)
     ap = argparse.ArgumentParser(prog="autotune")
@@ -201,7 +201,7 @@ def test_harness_refuses_a_folder_without_this_models_file(tmp_path, capsys):
 
 
 def test_moe_table_medians_spreads_and_gains():
-    from autotune.validate.command import moe_markdown, moe_table
+    from autotune.cli.validate import moe_markdown, moe_table
 
     rows = moe_table({8: {"heuristic": [30.0, 33.0, 36.0], "default": [24.0, 20.0, 22.0], "tuned": [20.0, 21.0, 19.0]}})
     r = rows[0]

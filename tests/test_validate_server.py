@@ -176,7 +176,7 @@ def test_benchmark_exiting_non_zero_or_hanging_is_an_error_with_its_output(tmp_p
 # --- autotune validate: bad input -> exit code 2, one message --------------------------------------
 
 def _validate(argv, capsys):
-    from autotune.validate.command import add_parser
+    from autotune.cli.validate import add_parser
 
     ap = argparse.ArgumentParser(prog="autotune")
     add_parser(ap.add_subparsers(dest="cmd"))
@@ -247,7 +247,7 @@ def test_empty_configs_folder_and_engine_mix_ups_exit_2(tmp_path, capsys):
 
 
 def test_sigterm_becomes_keyboard_interrupt_while_validating():
-    from autotune.validate.command import _SigtermAsInterrupt
+    from autotune.cli.validate import _SigtermAsInterrupt
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):

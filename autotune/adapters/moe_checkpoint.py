@@ -116,7 +116,7 @@ def _stored(problem, w13, w2) -> dict:
     if problem.dtype == "bf16":
         return {s: {"weight": w.to(torch.bfloat16).contiguous()} for s, w in raw.items()}
     if problem.dtype == "fp8_w8a8_block":
-        from autotune.families.triton_moe import fp8_blocks
+        from autotune.numerics.fp8 import fp8_blocks
         out = {}
         for s, w in raw.items():
             q, scale = fp8_blocks(w.contiguous(), problem.block_shape)

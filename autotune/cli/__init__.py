@@ -89,12 +89,12 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     from autotune.cli.common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
-    from autotune.errors import Incomplete, NothingDone, UsageError
+    from autotune.errors import Incomplete, NothingDone, UsageError, one_line
     from autotune.fileio.writing import FileFormatError, forcing
-    from autotune.cli.inputs import BadInput, cache_folders_problem, one_line
+    from autotune.cli.inputs import BadInput, cache_folders_problem
     from autotune.problems.models import ModelError
-    from autotune.run.run_lock import RunLocked
-    from autotune.search.spaces import SpaceError
+    from autotune.store.run_lock import RunLocked
+    from autotune.families.spaces import SpaceError
 
     try:
         args = build_parser().parse_args(argv)

@@ -14,24 +14,21 @@ import re
 import shlex
 import shutil
 
+from autotune.errors import one_line
+from autotune.gpus.catalog import MAX_GPUS
+
 # argparse shows these names in its own messages ("invalid count value"): we say what is wrong instead.
 DURATION_FORMS = "90s, 20m or 1.5h"
 MAX_SECONDS = 30 * 24 * 3600        # a duration flag's most: 30 days
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 # The most GPUs one server spans (its tp x pp ranks, one file each for install): far above any
 # deployment, far below the thousands of files a typo's --tp 5000 wrote.
-MAX_GPUS = 1024
 
 
 class BadInput(Exception):
     """A flag's value (or the command line itself) is wrong: one line, exit 2."""
 
 
-def one_line(error) -> str:
-    """An error's text as the one line the CLI prints (a library's message may span several, and may
-    quote a name from a file with control characters in it: those are shown escaped, never sent raw)."""
-    text = " ".join(str(error).split())
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _noting(base, once: bool):

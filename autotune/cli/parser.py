@@ -223,6 +223,6 @@ def build_parser(commands: dict) -> inputs.Parser:
     inputs.add_force(p)
     p.set_defaults(fn=commands["rank-model"])
 
-    from autotune.validate.command import add_parser as add_validate_parser
+    from autotune.cli.validate import add_parser as add_validate_parser
     add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned
     return ap

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.fileio.writing import NotOurs, claim, write_atomic
-from autotune.cli.inputs import MAX_GPUS
+from autotune.gpus.catalog import MAX_GPUS
 from autotune.adapters import flashinfer_cache as fi
 from autotune.export.flashinfer import sglang_cache_path
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from autotune.families import capabilities as table
 from autotune.gpus.device import DeviceInfo
-from autotune.search.spaces import Space
+from autotune.families.spaces import Space
 
 LAYER = "layer"   # these families have one "GEMM" per problem: the whole call
 

@@ -10,7 +10,7 @@ import importlib
 from typing import Any, Protocol
 
 from autotune.gpus.device import DeviceInfo
-from autotune.search.spaces import Space
+from autotune.families.spaces import Space
 
 
 class KernelFamily(Protocol):

@@ -61,3 +61,17 @@ def load_json(path: str | Path):
     """A regular file's JSON (FileNotFoundError, NotARegularFile, json.JSONDecodeError or
     UnicodeDecodeError otherwise)."""
     return parse_json(read_bytes(path))
+
+
+def first_error(model, doc) -> str | None:
+    """What a pydantic schema finds wrong with `doc`, as one line naming where (None: nothing)."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(p) for p in err["loc"]]
+        loc = loc[:-2] if loc[-1:] == ["[key]"] else loc      # a bad key: its message names it
+        return f"{'.'.join(loc) or 'it'}: {err['msg'].removeprefix('Value error, ')}"
+    return None

@@ -31,7 +31,7 @@ import tempfile
 import shutil
 from pathlib import Path
 
-from autotune.run.run_lock import RunLocked
+from autotune.store.run_lock import RunLocked
 
 _ACTIVE: dict[Path, "FolderChange"] = {}
 RENAME_EXCHANGE = 2
@@ -80,7 +80,7 @@ class FolderChange:
         self.folder = _key(folder)
         self.given = Path(folder)              # as the user named it: what messages show
         self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
-        # In the temp folder, as autotune.run.run_lock's: the user's folder gets no litter (one host reaches it)
+        # In the temp folder, as autotune.store.run_lock's: the user's folder gets no litter (one host reaches it)
         self.lock_path = Path(tempfile.gettempdir()) / (
             "autotune-folder-" + hashlib.sha1(str(self.folder).encode()).hexdigest()[:16] + ".lock")
         self.staging: Path | None = None

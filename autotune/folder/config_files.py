@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from autotune.fileio.writing import sha256
 from autotune.fileio.names import DeviceName, PlainText, TritonVersion, Version, plain_text_problem
 from autotune.measure.recording_header import KINDS
-from autotune.fileio.reading import load_json
+from autotune.fileio.reading import first_error, load_json
 
 
 class TritonConfig(BaseModel):
@@ -153,15 +153,6 @@ class BackendChoices(_Record):
     checkpoint: Optional[str] = None
 
 
-def first_error(model, doc) -> str | None:
-    try:
-        model.model_validate(doc)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = [str(p) for p in err["loc"]]
-        loc = loc[:-2] if loc[-1:] == ["[key]"] else loc      # a bad key: its message names it
-        return f"{'.'.join(loc) or 'it'}: {err['msg'].removeprefix('Value error, ')}"
-    return None
 
 
 def choices_problem(doc) -> str | None:

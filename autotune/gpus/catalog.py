@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The most GPUs one SGLang server spans that a flag or a file of ours may name (ranks, --tp x --pp).
+MAX_GPUS = 1024
+
 MiB = 1 << 20
 GiB = 1 << 30
 

@@ -275,7 +275,7 @@ def _parse_cache(path: Path) -> Cache:
 
 def header_problem(header) -> str | None:
     """Why `header` (a recording's first line, parsed) is not one a replay reads; None when it is."""
-    from autotune.folder.config_files import first_error
+    from autotune.fileio.reading import first_error
     from autotune.measure.recording_header import CacheHeader
 
     why = first_error(CacheHeader, header)

@@ -83,7 +83,7 @@ def after_search(summary: dict, what: str, fn, *args, let_through=(), folder_ste
     except let_through:
         raise
     except Exception as e:
-        from autotune.cli.inputs import one_line
+        from autotune.errors import one_line
 
         logging.getLogger("autotune").debug("%s failed", what, exc_info=True)
         from autotune.folder.change import in_words

@@ -5,7 +5,7 @@ BLOCK_SIZE_K-wide slices of K and BLOCK_SIZE_M-high slices of the rows, so the c
 time as a kernel's tiles would, and every config computes the same numbers."""
 from dataclasses import dataclass
 
-from autotune.search.spaces import Space
+from autotune.families.spaces import Space
 
 GEMMS = ("gate_up", "down")
 SPACE = {"BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (64,), "BLOCK_SIZE_K": (16, 256), "GROUP_SIZE_M": (1,),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from autotune.families.backend_family import BackendFamily, rotate
 from autotune.families.runner import Runner, exact_tactic
-from autotune.families.triton_moe import fp8_blocks, fp8_per_matrix
+from autotune.numerics.fp8 import fp8_blocks, fp8_per_matrix
 
 BLOCK = (128, 128)
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from autotune.search import spaces
+from autotune.families import spaces
 from autotune.gpus.device import DeviceInfo
+from autotune.numerics.fp8 import FP8_MAX, fp8_blocks, fp8_per_matrix
 from autotune.problems.models import Problem
 from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
-FP8_MAX = 448.0  # float8_e4m3fn
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
@@ -489,29 +489,6 @@ def random_routing(g, M: int, E: int, k: int, skew: float, sets: int):
         ids.append(i.to(torch.int32))
         wts.append((w / w.sum(-1, keepdim=True)).float())
     return ids, wts
-
-
-def fp8_blocks(w, block):
-    """float8_e4m3fn with one scale per (block_n x block_k) tile of the last two dims: (q, scales)."""
-    import torch
-
-    *lead, R, C = w.shape
-    bn, bk = block
-    rb, cb = -(-R // bn), -(-C // bk)
-    pad = torch.zeros(*lead, rb * bn, cb * bk, device=w.device)
-    pad[..., :R, :C] = w
-    blocks = pad.view(*lead, rb, bn, cb, bk)
-    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=1e-12) / FP8_MAX          # [..., rb, cb]
-    q = (blocks / scale[..., :, None, :, None]).to(torch.float8_e4m3fn).view(*lead, rb * bn, cb * bk)
-    return q[..., :R, :C].contiguous(), scale.float()
-
-
-def fp8_per_matrix(w):
-    """float8_e4m3fn with one scale per matrix of the last two dims: (q, scales [...])."""
-    import torch
-
-    scale = w.abs().amax(dim=(-2, -1)).clamp(min=1e-12).float() / FP8_MAX
-    return (w / scale[..., None, None]).to(torch.float8_e4m3fn), scale
 
 
 def _dequant(problem: Problem, B, B_scale, e: int):

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from autotune.cli import inputs
+from autotune.errors import one_line
 from autotune.validate import HarnessError, ValidateError
 
 EXIT_GATE_FAILED = 1
@@ -100,7 +101,7 @@ def cmd_validate(args) -> int:
                 return _validate_sglang(args)
             return _validate_harness(args)
     except (ValidateError, ModelError, LayerError) as e:
-        print(f"autotune: error: {inputs.one_line(e)}", file=sys.stderr)
+        print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("autotune: validate interrupted; every server it started has been stopped", file=sys.stderr)
