@@ -16,6 +16,7 @@ from autotune.run.common import problems, shared_notes
 
 def shapes(sel, target_sm=None) -> list[str]:
     lines: list[str] = []
+    from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
     from autotune.families.protocol import get_family
 
@@ -54,7 +55,7 @@ def shapes(sel, target_sm=None) -> list[str]:
                                              "estimated (autotune compile-limits --target-sm "
                                              f"{t.sm} records exact limits)"))
     try:
-        here = devmod.detect()
+        here = local_gpu.detect()
         lines.append(f"this machine: {here.name} (SM{here.sm}); SGLang names its files device_name={here.file_name}")
     except devmod.NoDeviceError:
         lines.append("this machine: no GPU visible (SGLang's device_name is torch.cuda.get_device_name() with spaces as _)")
@@ -150,11 +151,12 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
 
 
 def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tuple[int, list[str]]:
+    from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
     from autotune.folder.check import CheckError, check_folder
 
     try:
-        machine = devmod.detect()
+        machine = local_gpu.detect()
     except devmod.NoDeviceError:
         machine = None
     try:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.adapters import local_gpu
 from autotune.gpus import device as devmod
 from autotune.cli import main
 
@@ -23,7 +24,7 @@ def machine_as_measured(**change):
     ({"versions": {"torch": "2.14.1"}, "driver": "590.1"}, 0, "note: torch: measured with 2.11.0+cu130"),
 ])
 def test_machine_drift(monkeypatch, capsys, change, code, says):
-    monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured(**change))
+    monkeypatch.setattr(local_gpu, "detect", lambda *a, **k: machine_as_measured(**change))
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--no-retime"]) == code
     assert says in capsys.readouterr().out
 
@@ -58,7 +59,7 @@ def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(tim
 
 def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
     """One line, exit 2, before anything is timed (the re-timing needs a GPU; this is refused first)."""
-    monkeypatch.setattr(devmod, "detect", lambda *a, **k: machine_as_measured())
+    monkeypatch.setattr(local_gpu, "detect", lambda *a, **k: machine_as_measured())
     monkeypatch.setattr("autotune.families.triton_moe.moe_layer.time_sides", lambda *a: pytest.fail("timed"))
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--batch-sizes", "3,5"]) == 2
     err = capsys.readouterr().err
@@ -78,7 +79,7 @@ def test_a_gpu_that_drifted_is_not_retimed(capsys):
 def test_without_a_gpu_only_sglang_is_checked_and_it_says_so(monkeypatch, capsys):
     def none(*a, **k):
         raise devmod.NoDeviceError("no CUDA GPU visible")
-    monkeypatch.setattr(devmod, "detect", none)
+    monkeypatch.setattr(local_gpu, "detect", none)
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23"]) == 0
     assert "no GPU visible here" in capsys.readouterr().out
 

@@ -52,6 +52,13 @@ def sglang_context():
     return ctx
 
 
+def in_context(ctx):
+    """A `with` block in which SGLang's code reads `ctx` (from `sglang_context`) as its published context."""
+    from sglang.srt import runtime_context as rc
+
+    return rc.use_context(ctx)
+
+
 def sglang_submodule(package: str, name: str, **package_attrs):
     """`package.name`, also where the package's __init__ cannot import.
 

@@ -155,7 +155,8 @@ def _check_out(out: Path, runs_sha256: list[str] | None = None) -> None:
 # --- sglang ---------------------------------------------------------------------------------------
 
 def _validate_sglang(args) -> int:
-    from autotune.gpus.device import NoDeviceError, detect, utc_now
+    from autotune.adapters.local_gpu import detect
+    from autotune.gpus.device import NoDeviceError, utc_now
     from autotune.validate.gate import comparisons_from_runs
     from autotune.validate.judged import snapshot
     from autotune.validate.report import shown
@@ -325,7 +326,8 @@ def _latency_note(runs: list[dict], c) -> str:
 
 def _validate_harness(args) -> int:
     from autotune.problems import models
-    from autotune.gpus.device import NoDeviceError, cpu_interpreter, detect
+    from autotune.adapters.local_gpu import detect
+    from autotune.gpus.device import NoDeviceError, cpu_interpreter
     from autotune.validate.gate import comparisons_from_runs
     from autotune.validate.harness import HarnessModel, on_interpreter, run_harness
     from autotune.validate.judged import snapshot

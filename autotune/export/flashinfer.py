@@ -32,8 +32,8 @@ def sglang_cache_path(cache_dir: str | Path | None, *, model_path: str, dtype: A
     if cache_dir is None:
         cache_dir = os.environ.get("SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang"))
     if flashinfer_version is None:
-        import flashinfer
-        flashinfer_version = getattr(flashinfer, "__version__", "unknown")
+        from autotune.adapters.flashinfer_tuner import version
+        flashinfer_version = version()
     dtype_str = str(dtype)
     if not dtype_str.startswith("torch."):   # mr.dtype is a torch.dtype: "torch.bfloat16"
         dtype_str = f"torch.{dtype_str}"

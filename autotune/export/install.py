@@ -185,15 +185,10 @@ def _check_parallel(tp: int, pp: int, attn_dp: int, ep: int, facts: ModelFacts) 
 def _sglang_values() -> dict[str, list[str]]:
     """The values the installed SGLang's own server parser takes for the flags that enter the cache
     hash (its argparse choices: never a copy of them here, so a new release's values just work)."""
-    import argparse
+    from autotune.adapters.sglang_server import flag_choices
 
     try:
-        from sglang.srt.server_args import ServerArgs
-
-        parser = argparse.ArgumentParser(add_help=False)
-        ServerArgs.add_cli_args(parser)          # the parser `python -m sglang.launch_server` builds
-        actions = parser._option_string_actions
-        return {flag: list(actions[flag].choices) for flag in ("--moe-runner-backend", "--quantization", "--dtype")}
+        return flag_choices(("--moe-runner-backend", "--quantization", "--dtype"))
     except Exception as e:
         raise InstallError(f"SGLang's server flags cannot be read here ({type(e).__name__}: {e}): install checks "
                            "its values against the SGLang that will read the files; run it where SGLang is "
@@ -245,12 +240,10 @@ def _config_classes() -> list[str]:
     registers (sglang.srt.utils.hf_transformers: models transformers does not know), in their order."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
+    from autotune.adapters.sglang_server import registered_config_classes
+
     names = dict.fromkeys(CONFIG_MAPPING_NAMES.values())
-    try:
-        from sglang.srt.utils.hf_transformers.common import _CONFIG_REGISTRY
-        names.update(dict.fromkeys(c.__name__ for c in _CONFIG_REGISTRY.values()))
-    except Exception:         # an SGLang that keeps them elsewhere: transformers' names still hold
-        pass
+    names.update(dict.fromkeys(registered_config_classes()))
     names.update(dict.fromkeys(c.__name__ for c in getattr(CONFIG_MAPPING, "_extra_content", {}).values()))
     return list(names)
 

@@ -55,15 +55,15 @@ def cache_entries_of(family, chosen: Iterable[tuple]) -> list:
 def blocklist_metadata(gpu_name: str) -> dict:
     """Every FlashInfer metadata field "*" but the GPU: a tactic bad on this GPU model is dropped
     under any FlashInfer/CUDA version (a blocklist only narrows the search)."""
-    from flashinfer.autotuner.autotuner import _collect_metadata
+    from autotune.adapters.flashinfer_tuner import metadata_fields
 
-    return {f: (gpu_name if f == "gpu" else "*") for f in _collect_metadata()}
+    return {f: (gpu_name if f == "gpu" else "*") for f in metadata_fields()}
 
 
 def write_blocklist(path: str | Path, invalid: Mapping[str, list], metadata: Mapping) -> None:
     """Write FlashInfer's blocklist at `path` with its own writer (atomic). The tactics of an
     existing file are kept: a later run adds to what an earlier one found, never drops it."""
-    from flashinfer.tactics_blocklist import TacticsBlocklist
+    from autotune.adapters.flashinfer_tuner import blocklist_type
 
     path = Path(path)
     merged: dict[str, list] = {}
@@ -84,5 +84,5 @@ def write_blocklist(path: str | Path, invalid: Mapping[str, list], metadata: Map
 
     from autotune.fileio.writing import json_with, write_bytes
     with tempfile.TemporaryDirectory() as tmp:
-        TacticsBlocklist.save(str(Path(tmp) / path.name), merged, dict(metadata))
+        blocklist_type().save(str(Path(tmp) / path.name), merged, dict(metadata))
         write_bytes(path, (Path(tmp) / path.name).read_bytes(), ours=json_with("invalid_tactics"))

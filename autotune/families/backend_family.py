@@ -87,7 +87,7 @@ class BackendFamily:
             return
         import torch
 
-        from autotune.gpus.device import detect
+        from autotune.adapters.local_gpu import detect
 
         device = detect()
         p = problems[0]

@@ -21,6 +21,7 @@ import sys
 import functools
 from dataclasses import dataclass
 
+from autotune.adapters import flashinfer_tuner, sglang_server
 from autotune.families import registry
 from autotune.gpus.device import DeviceInfo
 from autotune.gpus.catalog import SM120S
@@ -48,22 +49,6 @@ class Availability:
     expected: str = ""   # why its declarations expect it to fail here (a prediction, launched anyway)
 
 
-def _flashinfer_supports(fn_name: str, backend: str | None, sm: int) -> bool | None:
-    """FlashInfer's own declaration, or None when it declares nothing for this function."""
-    try:
-        import flashinfer
-    except Exception:
-        return None
-    fn = getattr(flashinfer, fn_name, None)
-    if fn is None:
-        return False
-    if backend is not None and hasattr(fn, "is_backend_supported"):
-        return bool(fn.is_backend_supported(backend, sm))
-    if hasattr(fn, "is_compute_capability_supported"):
-        return bool(fn.is_compute_capability_supported(sm))
-    return None
-
-
 def _cuda_version(device: DeviceInfo) -> tuple | None:
     v = device.versions.get("cuda") or ""
     try:
@@ -89,7 +74,7 @@ def expected_failure(b, device: DeviceInfo) -> str | None:
     if b.sms is not None and sm not in b.sms:
         return f"built for SM{', SM'.join(str(s) for s in sorted(b.sms))}; this is SM{sm}"
     if b.flashinfer is not None:
-        declared = _flashinfer_supports(*b.flashinfer, sm)
+        declared = flashinfer_tuner.declares_support(*b.flashinfer, sm)
         if declared is False:
             fn, arg = b.flashinfer
             what = f"flashinfer.{fn}" + (f" backend '{arg}'" if arg else "")
@@ -105,12 +90,9 @@ def expected_failure(b, device: DeviceInfo) -> str | None:
 def sglang_offers(family: str, value: str) -> bool | None:
     """Whether the installed SGLang accepts `value` for the family's flag (None: SGLang absent, or the
     family names no list of SGLang's to ask)."""
-    try:
-        from sglang.srt.arg_groups import choices
-    except ImportError:
-        return None
     listed = registry.get(family).sglang_choices
-    return None if listed is None else value in getattr(choices, listed)
+    values = None if listed is None else sglang_server.choices_list(listed)
+    return None if values is None else value in values
 
 
 def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availability:

@@ -121,16 +121,15 @@ def flashinfer_pin(entries: list, expected: list):
     import os
     import tempfile
 
-    from flashinfer.autotuner import AutoTuner, _collect_metadata
-
     from autotune.adapters.flashinfer_cache import metadata_for, write_cache
+    from autotune.adapters.flashinfer_tuner import metadata_fields, tuner as flashinfer_tuner
 
-    tuner = AutoTuner.get()
+    tuner = flashinfer_tuner()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="autotune_pin_")
     os.close(fd)
     try:
         os.unlink(path)
-        write_cache(path, entries, metadata_for({}, wildcard=list(_collect_metadata())))
+        write_cache(path, entries, metadata_for({}, wildcard=list(metadata_fields())))
         tuner.load_configs(path)
     finally:
         if os.path.exists(path):
@@ -156,5 +155,5 @@ def _plain(tactic):
     """A tactic in JSON form (tuples as lists), for comparing what FlashInfer handed out."""
     import json
 
-    from flashinfer.autotuner import _tactic_to_json
-    return json.loads(json.dumps(_tactic_to_json(tactic)))
+    from autotune.adapters.flashinfer_tuner import tactic_to_json
+    return json.loads(json.dumps(tactic_to_json(tactic)))

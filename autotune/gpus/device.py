@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime
 import platform
-import subprocess
 from dataclasses import asdict, dataclass, field
 
 from autotune.gpus import catalog
@@ -61,36 +60,6 @@ def software_versions() -> dict:
     except Exception:
         pass
     return out
-
-
-def _driver_version() -> str:
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
-        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
-    except Exception:
-        return ""
-
-
-def detect(index: int = 0) -> DeviceInfo:
-    """The local CUDA GPU. Raises NoDeviceError where there is none."""
-    import torch
-    if not torch.cuda.is_available():
-        raise NoDeviceError("no CUDA GPU visible")
-    props = torch.cuda.get_device_properties(index)
-    sm = props.major * 10 + props.minor
-    smem = getattr(props, "shared_memory_per_block_optin", 0) or SMEM_OPTIN.get(sm, 0)
-    versions = software_versions()
-    try:
-        # What FlashInfer's autotuner cache is keyed on (cuBLAS / cuDNN / CuTe-DSL versions, GPU):
-        # a cache we write for this machine must carry these values (autotune.adapters.flashinfer_cache).
-        from flashinfer.autotuner.autotuner import _collect_metadata
-        versions["flashinfer_metadata"] = _collect_metadata()
-    except Exception:
-        pass
-    return DeviceInfo(name=torch.cuda.get_device_name(index), sm=sm, smem_optin=int(smem),
-                      num_sms=props.multi_processor_count, driver=_driver_version(),
-                      versions=versions, kind="gpu", gpu_count=torch.cuda.device_count())
 
 
 def cpu_interpreter() -> DeviceInfo:

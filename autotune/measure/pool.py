@@ -78,9 +78,8 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     try:
-        from autotune.adapters.sglang_loader import sglang_context
+        from autotune.adapters.sglang_loader import in_context, sglang_context
         from autotune.problems.models import problem_from_dict
-        from sglang.srt import runtime_context as rc
 
         measurer = Measurer(settings, _gpu_lock(lock_dir, gpu))
         measurer.limit_memory(settings.memory_limits.get(gpu))
@@ -91,7 +90,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
     warm_flag = os.path.join(lock_dir, "warm")
     if first:
         try:
-            with rc.use_context(ctx):
+            with in_context(ctx):
                 for name, problems in settings.warmup:
                     measurer.family(name).warmup([problem_from_dict(p) for p in problems], on_cpu=settings.on_cpu)
         except BaseException as e:
@@ -101,7 +100,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
     while not os.path.exists(warm_flag):
         time.sleep(0.2)
     conn.send(("ready", os.getpid()))
-    with rc.use_context(ctx):
+    with in_context(ctx):
         while True:
             try:
                 msg = conn.recv()

@@ -17,6 +17,7 @@ def open_device(req, kernels=("triton_moe",)):
     """(device, pool, cache or None, expansion, plans, memory plan or None): the replay cache or the local
     GPU(s), the plan of every requested family on it, the GPU memory plan, and the measuring pool sized
     by it (its first worker warms the JIT builds those plans need)."""
+    from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
     from autotune.measure.records import CacheError, merge_caches
     from autotune.measure.replay import ReplayPool
@@ -43,7 +44,7 @@ def open_device(req, kernels=("triton_moe",)):
         device, gpus = devmod.cpu_interpreter(), [0]
     else:
         try:
-            device = devmod.detect()
+            device = local_gpu.detect()
         except devmod.NoDeviceError:
             raise UsageError("no GPU visible and no --replay CACHE given: nothing to measure on" +
                              ("; plan for a GPU model with --target-device NAME (e.g. 'NVIDIA H200')"

@@ -245,13 +245,12 @@ class DecodeHarness(MoeSides):
         """Per batch size: check, then `repeats` x (default, tuned) timings of the step and of the
         MoE alone, in ABBA order. Returns {"runs": [...], "configs": {...}, "checks": {...}}."""
         import torch
-        from sglang.srt import runtime_context as rc
 
-        from autotune.adapters.sglang_loader import sglang_context
+        from autotune.adapters.sglang_loader import in_context, sglang_context
 
         scale = self.shapes.num_layers / self.layers if self.shapes.num_layers else 1.0
         runs, configs, checks, moe = [], {}, {}, {}
-        with rc.use_context(sglang_context()), torch.no_grad():
+        with in_context(sglang_context()), torch.no_grad():
             for M in batch_sizes:
                 configs[M] = {s: asdict(self.side_config(M, s)) for s in SIDES}
                 checks[M] = self.check(M)

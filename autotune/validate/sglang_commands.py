@@ -72,10 +72,8 @@ def compile_cache_env(base_env: dict | None = None) -> dict[str, str]:
     saved = os.environ.get("SGLANG_CACHE_DIR")
     try:
         os.environ["SGLANG_CACHE_DIR"] = base
-        from sglang.srt.environ import envs, third_party_cache_defaults
-        pinned = dict(third_party_cache_defaults())
-        pinned["SGLANG_DG_CACHE_DIR"] = envs.SGLANG_DG_CACHE_DIR.get()
-        pinned["SGLANG_CUTE_AOT_CACHE_DIR"] = envs.SGLANG_CUTE_AOT_CACHE_DIR.get()
+        from autotune.adapters.sglang_server import compile_cache_defaults
+        pinned = compile_cache_defaults()
     finally:
         if saved is None:
             os.environ.pop("SGLANG_CACHE_DIR", None)

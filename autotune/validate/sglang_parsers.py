@@ -231,7 +231,9 @@ def sglang_parser(module: str) -> SglangParser:
     if module in _PARSERS:
         return _PARSERS[module]
     if module == SERVER_MODULE:
-        from sglang.srt.server_args import prepare_server_args
+        from autotune.adapters.sglang_server import server_args_preparer
+
+        prepare_server_args = server_args_preparer()
 
         def transform(argv):
             return _capture_parser(prepare_server_args, argv)[1]

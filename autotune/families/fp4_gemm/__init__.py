@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.adapters import flashinfer_gemm, flashinfer_tuner
 from autotune.families.backend_family import BackendFamily
 from autotune.families.runner import Runner, exact_tactic, flashinfer_pin
 
@@ -99,15 +100,7 @@ class MmFp4(Runner):
     backend: str = ""
 
     def _flashinfer_runner(self, inputs: Fp4Inputs):
-        import torch
-        from flashinfer.gemm import gemm_base as g
-
-        def make():
-            major, minor = torch.cuda.get_device_capability()
-            return {"cudnn": lambda: g._cudnn_gemm_fp4_runner(g._MM_FP4_TUNING_CONFIG_128x4),
-                    "cutlass": lambda: g.get_cutlass_fp4_gemm_module(major, minor).cutlass_fp4_gemm_runner(),
-                    "b12x": lambda: g._b12x_gemm_fp4_runner(major, minor, True, torch.bfloat16, True)}[self.backend]()
-        return self.kept(inputs, "runner", make)
+        return self.kept(inputs, "runner", lambda: flashinfer_gemm.fp4_runner(self.backend))
 
     def _operands(self, inputs: Fp4Inputs, routing: int) -> list:
         """mm_fp4's choose_one inputs: a, b, a_descale, b_descale, alpha, out_dtype, out,
@@ -116,7 +109,6 @@ class MmFp4(Runner):
         checkpoint's weight with its scales in the 128x4 layout."""
         import torch
         from flashinfer import fp4_quantize
-        from flashinfer.gemm import gemm_base as g
 
         from autotune.numerics import nvfp4
 
@@ -129,59 +121,52 @@ class MmFp4(Runner):
             bgs = 1.0 / w["weight_scale_2"]
             alpha = (1.0 / (ags * bgs)).reshape(()).float()
             out = torch.empty((inputs.M, inputs.problem.N), dtype=torch.bfloat16, device=aq.device)
-            ws = g._get_cache_buf("mm_fp4_workspace", g.DEFAULT_WORKSPACE_SIZE, aq.device)
+            ws = flashinfer_gemm.workspace("mm_fp4_workspace", aq.device)
             inputs.cache[key] = [aq, bq.T, asf, bsf.T, alpha, torch.bfloat16, out, 16, True, ws]
         return inputs.cache[key]
 
     def tactics(self, inputs: Fp4Inputs) -> list:
-        from flashinfer.autotuner import _tactic_to_json
-
         ops = self._operands(inputs, 0)
         offered = self._flashinfer_runner(inputs).get_valid_tactics(ops, None)
-        return [-1] + [_tactic_to_json(t) for t in offered]
+        return [-1] + [flashinfer_tuner.tactic_to_json(t) for t in offered]
 
     def cache_entries(self, problem, M: int, tactic) -> list:
         """The entry FlashInfer's fp4_gemm would store at M for the operands SGLang's NVFP4 linear
         passes (FlashInfer's own bucketing and key code); none where M is not its own bucket."""
-        from flashinfer.gemm import gemm_base as g
-
-        if g._MM_FP4_TUNING_CONFIG_128x4.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
+        if flashinfer_gemm.fp4_tuning_config().dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
             return []
         return self._entries(problem, M, tactic)
 
     def _entries(self, problem, M: int, tactic) -> list:
         """The entry for M's bucket (-1 too: a pin of the default)."""
         import torch
-        from flashinfer.autotuner import AutoTuner, _json_to_tactic
-        from flashinfer.gemm import gemm_base as g
 
         from autotune.adapters.flashinfer_cache import CacheEntry
 
-        cfg = g._MM_FP4_TUNING_CONFIG_128x4
+        cfg = flashinfer_gemm.fp4_tuning_config()
         N, K = problem.N, problem.K
 
         def meta(*shape, dtype=torch.uint8):
             return torch.empty(shape, dtype=dtype, device="meta")
         ops = [meta(M, K // 2), meta(N, K // 2).T, meta(-(-M // 128) * 128, K // 16), meta(N, K // 16).T,
                meta(dtype=torch.float32), torch.bfloat16, meta(M, N, dtype=torch.bfloat16), 16, True,
-               meta(g.DEFAULT_WORKSPACE_SIZE)]
+               meta(flashinfer_gemm.workspace_size())]
         # The cuDNN runner keys on what picks its graph (its get_cache_key_extras); the others on shapes only.
         extras = (torch.bfloat16, 16, True, True) if self.backend == "cudnn" else ()
         return [CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner,
-                                     AutoTuner.get()._get_input_sizes(ops), cfg, _json_to_tactic(tactic), extras)]
+                                     flashinfer_tuner.input_sizes(ops), cfg, flashinfer_tuner.json_to_tactic(tactic),
+                                     extras)]
 
     def run(self, inputs: Fp4Inputs, routing: int, tactic=-1):
         import torch
         from flashinfer import mm_fp4
-
-        from flashinfer.autotuner import _json_to_tactic
 
         ops = self._operands(inputs, routing)
         if tactic == -1:              # the public call, as SGLang makes it
             mm_fp4(*ops[:5], torch.bfloat16, out=ops[6], backend=self.backend)
         else:
             with exact_tactic(tactic):
-                self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
+                self._flashinfer_runner(inputs)(inputs=ops, tactic=flashinfer_tuner.json_to_tactic(tactic))
         inputs.C = ops[6]
         return inputs.C
 

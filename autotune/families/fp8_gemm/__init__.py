@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.adapters import flashinfer_gemm, flashinfer_tuner
 from autotune.families.backend_family import BackendFamily, rotate
 from autotune.families.runner import Runner, exact_tactic
 from autotune.numerics.fp8 import fp8_blocks, fp8_per_matrix
@@ -115,31 +116,25 @@ class BmmFp8(Runner):
     backend: str = ""
 
     def _flashinfer_runner(self, inputs: GemmInputs):
-        from flashinfer.gemm import gemm_base as g
-
         # one object: cuBLASLt's algo list is cached inside it
-        return self.kept(inputs, "runner", lambda: g.get_gemm_module().cublas_fp8_gemm_runner()
-                         if self.backend == "cublas" else g._cudnn_gemm_fp8_runner())
+        return self.kept(inputs, "runner", lambda: flashinfer_gemm.fp8_runner(self.backend))
 
     def _operands(self, inputs: GemmInputs, routing: int) -> list:
         """[a, b, scale_a, scale_b, out, workspace]: the inputs list FlashInfer's fp8_gemm passes.
         The activation is quantized per call, as by every per-tensor backend here, so the default
         and the tactics are timed alike."""
         import torch
-        from flashinfer.gemm import gemm_base as g
 
         a, sa = per_tensor_x(inputs.x[routing])
         w, sw = inputs.w_tensor[routing]
         key = ("out", routing)
         if key not in inputs.cache:
             inputs.cache[key] = (torch.empty((1, inputs.M, inputs.problem.N), dtype=torch.bfloat16, device=a.device),
-                                 g._get_cache_buf("bmm_fp8_workspace", g.DEFAULT_WORKSPACE_SIZE, a.device))
+                                 flashinfer_gemm.workspace("bmm_fp8_workspace", a.device))
         out, ws = inputs.cache[key]
         return [a.unsqueeze(0), w.t().unsqueeze(0), sa, sw, out, ws]
 
     def tactics(self, inputs: GemmInputs) -> list:
-        from flashinfer.autotuner import _tactic_to_json
-
         # Neither runner reads the profile: cuBLASLt's heuristic and cuDNN's plans are for these shapes.
         offered = self._flashinfer_runner(inputs).get_valid_tactics(self._operands(inputs, 0), None)
         if self.backend == "cublas":
@@ -147,37 +142,33 @@ class BmmFp8(Runner):
             # descriptors and workspace preference, for its first algo. Measured apart it only adds
             # noise to the pin decision (H200, session 12: pinned "1-3% faster", the same in a probe).
             offered = [t for t in offered if t != 0]
-        return [-1] + [_tactic_to_json(t) for t in offered]
+        return [-1] + [flashinfer_tuner.tactic_to_json(t) for t in offered]
 
     def cache_entries(self, problem, M: int, tactic) -> list:
         """The entry FlashInfer's fp8_gemm would store for bmm_fp8 at M, from the shapes and dtypes
         of the operands `_operands` builds (FlashInfer's own bucketing and key code). None where M is
         not a bucket of its own: a batch between buckets is served by its bucket's entry."""
         import torch
-        from flashinfer.autotuner import _json_to_tactic
-        from flashinfer.gemm import gemm_base as g
 
         from autotune.adapters.flashinfer_cache import CacheEntry
 
-        cfg = g._FP8_GEMM_SM100_TUNING_CONFIG
+        cfg = flashinfer_gemm.fp8_tuning_config()
         if cfg.dynamic_tensor_specs[0].map_to_tuning_buckets(M) != M:
             return []
         N, K = problem.N, problem.K
-        shapes = [(1, M, K), (1, K, N), (), (), (1, M, N), (g.DEFAULT_WORKSPACE_SIZE,)]
+        shapes = [(1, M, K), (1, K, N), (), (), (1, M, N), (flashinfer_gemm.workspace_size(),)]
         dtypes = (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16)   # get_cache_key_extras
         return [CacheEntry.from_call(self.flashinfer_op, self.flashinfer_runner, shapes, cfg,
-                                     _json_to_tactic(tactic), dtypes)]
+                                     flashinfer_tuner.json_to_tactic(tactic), dtypes)]
 
     def run(self, inputs: GemmInputs, routing: int, tactic=-1):
         import flashinfer
         import torch
-
-        from flashinfer.autotuner import _json_to_tactic
 
         ops = self._operands(inputs, routing)
         if tactic == -1:              # the public call, as SGLang makes it
             flashinfer.bmm_fp8(*ops[:4], torch.bfloat16, out=ops[4], backend=self.backend)
         else:
             with exact_tactic(tactic):
-                self._flashinfer_runner(inputs)(inputs=ops, tactic=_json_to_tactic(tactic))
+                self._flashinfer_runner(inputs)(inputs=ops, tactic=flashinfer_tuner.json_to_tactic(tactic))
         return set_output(inputs, ops[4].squeeze(0))
