@@ -1,0 +1,46 @@
+"""docs/DESIGN.md's house plan is the code's: every folder and top-level module of autotune/ has its
+row, in the tier tests/test_layers.py enforces, and every path the page names exists."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.test_layers import PACKAGE, TIERS
+
+DESIGN = PACKAGE.parent / "docs" / "DESIGN.md"
+
+
+def table_tiers(text: str) -> dict[str, int]:
+    """name -> tier, from the rows of the "Folders by role" table."""
+    section = text.split("## Folders by role", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for row in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, flags=re.M):
+        for name in re.findall(r"`([^`]+)`", row[1]):
+            key = "FAMILY_PACKAGES" if name == "families/<family>/" else name.removesuffix(".py").rstrip("/")
+            out[key] = int(row[0])
+    return out
+
+
+def test_every_folder_and_top_module_has_its_row_in_the_tier_the_layers_test_enforces():
+    rows = table_tiers(DESIGN.read_text())
+    present = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    present.discard("__main__")
+    assert present - set(rows) == set(), "folders without a row in DESIGN.md's table"
+    tier_of = {name: i for i, tier in enumerate(TIERS) for name in tier}
+    assert {n: t for n, t in rows.items() if tier_of.get(n) != t} == {}, "DESIGN.md and TIERS disagree"
+
+
+def test_every_path_the_design_names_exists():
+    text = DESIGN.read_text()
+    named = set(re.findall(r"(?<![/\w.])((?:autotune|tests|scripts|benchmarks|search_spaces)/[\w/.-]*\w)", text))
+    root = PACKAGE.parent
+    missing = sorted(p for p in named if "<" not in p and not (root / p).exists()
+                     and not (root / f"{p}.py").exists())
+    assert missing == []
+
+
+def test_the_table_parser_reads_tiers_and_names():
+    text = "## Folders by role\n\n| tier | folder | holds |\n|---|---|---|\n| 0 | `errors.py`, `fileio/` | x |\n" \
+           "| 6 | `families/<family>/` | y |\n\n## Next\n| 9 | `other/` | z |\n"
+    assert table_tiers(text) == {"errors": 0, "fileio": 0, "FAMILY_PACKAGES": 6}
