@@ -68,7 +68,7 @@ PRESETS: dict[str, MoeModel] = {
                  LinearAttention(16, 32, 128, 128), True),
     )
 }
-FAMILIES = sorted({m.family for m in PRESETS.values()})
+MODEL_FAMILIES = sorted({m.family for m in PRESETS.values()})     # --shapes: qwen3.5, qwen3-next
 
 # dtype name on the command line -> (SGLang's dtype selector, block_shape)
 DTYPES: dict[str, tuple[str | None, tuple[int, int] | None]] = {
@@ -217,7 +217,7 @@ def select_models(shapes: str | None = None, model: str | None = None,
     fam = ("qwen3.5" if shapes is None else shapes).lower()
     models = [m for m in PRESETS.values() if m.family == fam]
     if not models:
-        raise ModelError(f"unknown shape family {fam!r}; known: {', '.join(FAMILIES)}")
+        raise ModelError(f"unknown shape family {fam!r}; known: {', '.join(MODEL_FAMILIES)}")
     return models
 
 
