@@ -1,6 +1,7 @@
 """The commands that measure nothing, as library calls: shapes, check, compile-limits,
 publish, merge-caches, merge-choices. Each takes its flags as keyword arguments (a selection of what
-to tune as `sel`, an api.TuneRequest) and returns the lines the command prints; bad input raises
+to tune as `sel`, an api.TuneRequest; install's server as `server`, an
+export.install.ServerFlags) and returns the lines the command prints; bad input raises
 UsageError. The `autotune` command (cli_folder.py) only passes the flags and prints."""
 from __future__ import annotations
 
@@ -101,19 +102,14 @@ def merge_caches(caches, output) -> list[str]:
     return lines
 
 
-def install(folder, model_path, tp, pp=1, attn_dp=1, ep=1, dtype="bfloat16", quantization=None,
-            moe_runner_backend=None, hf_config_class=None, cache_dir=None, skip_ops="") -> list[str]:
-    lines: list[str] = []
-    """The folder's FlashInfer cache into every rank's file of SGLang's cache for this server."""
+def install(folder, server, cache_dir=None) -> list[str]:
+    """The folder's FlashInfer cache into every rank's file of SGLang's cache for this server
+    (`server`: an export.install.ServerFlags)."""
     from autotune.export.install import InstallError, blocklist_hint, install
 
-    given = quantization is not None
-    quant = None if (quantization or "").lower() == "none" else quantization
+    lines: list[str] = []
     try:
-        paths = install(folder, model_path=model_path, tp=tp, pp=pp, attn_dp=attn_dp,
-                        ep=ep, dtype=dtype, quantization=quant, quantization_given=given,
-                        moe_runner_backend=moe_runner_backend, hf_config_class=hf_config_class,
-                        cache_dir=cache_dir, skip_ops=[s for s in skip_ops.split(",") if s])
+        paths = install(folder, server, cache_dir)
     except InstallError as e:
         raise UsageError(str(e)) from None
     lines.append(f"installed the tactics of {folder} for {len(paths)} rank(s), identical files:")

@@ -2,8 +2,8 @@
 half-written. Inside `deferred()` (the tuning loops: asks, tells, commits, re-queues) a signal is
 remembered and raised as KeyboardInterrupt at the next `wait()` (the pool's wait for results) or at
 the end of the block, never inside a storage call: a KeyboardInterrupt raised inside SQLAlchemy can
-leave a connection holding SQLite's write lock, and the re-queue that follows then fails (CI,
-session 16: a trial left RUNNING after SIGTERM). Outside those blocks a stop lands at once, as usual.
+leave a connection holding SQLite's write lock, and the re-queue that follows then fails (the
+trial is left RUNNING after SIGTERM). Outside those blocks a stop lands at once, as usual.
 A second signal while one is pending lands at once too (a user who presses Ctrl-C again means it).
 Once the stop is being said (or the command has returned and the process only ends), a further
 signal ends the process at once with the command's code: never a traceback from inside the message

@@ -17,7 +17,7 @@ pytest.importorskip("flashinfer")
 
 from flashinfer.autotuner import AutoTuner, TunableRunner, _collect_metadata  # noqa: E402
 
-from autotune.export.flashinfer import sglang_cache_path  # noqa: E402
+from autotune.export.flashinfer import Parallel, Rank, ServerKey, sglang_cache_path  # noqa: E402
 from autotune.adapters.flashinfer_cache import (
     BMM_FP8,
     CUTLASS_MOE_GEMM1,
@@ -424,11 +424,10 @@ def test_path_is_sglangs(tmp_path, draft):
     mr = SimpleNamespace(device="cuda", dtype=torch.bfloat16, is_draft_worker=draft,
                          model_config=SimpleNamespace(hf_config=Qwen3MoeConfig(), quantization="modelopt_fp4"))
     theirs = ns["flashinfer_autotune_cache_path"](mr)
-    ours = sglang_cache_path(tmp_path, model_path="nvidia/Qwen3-30B-A3B-FP4", dtype=torch.bfloat16,
-                             quantization="modelopt_fp4", moe_runner_backend="flashinfer_trtllm", tp_size=4,
-                             pp_size=1, attn_dp_size=2, moe_ep_size=4, hf_config_class="Qwen3MoeConfig", sm=100,
-                             skip_ops=["bf16_gemm", "fp8_gemm"], tp_rank=3, pp_rank=0, dp_rank=None,
-                             draft_quantization="modelopt_fp4" if draft else None)
+    server = ServerKey("nvidia/Qwen3-30B-A3B-FP4", torch.bfloat16, "modelopt_fp4", "flashinfer_trtllm",
+                       "Qwen3MoeConfig", Parallel(tp=4, pp=1, attn_dp=2, ep=4), skip_ops=["bf16_gemm", "fp8_gemm"],
+                       draft_quantization="modelopt_fp4" if draft else None)
+    ours = sglang_cache_path(tmp_path, server, Rank(tp=3, pp=0, dp=None), sm=100)
     assert ours == theirs
     import flashinfer
     assert ours.relative_to(tmp_path).parts[:4] == ("flashinfer", "autotune", flashinfer.__version__, "sm100")
@@ -438,14 +437,16 @@ def test_path_is_sglangs(tmp_path, draft):
 
 def test_path_layout_and_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
-    kw = dict(model_path="m", dtype="bfloat16", quantization=None, moe_runner_backend="auto", tp_size=1,
-              pp_size=1, attn_dp_size=1, moe_ep_size=1, hf_config_class="C", sm=90)
-    p = sglang_cache_path(None, **kw)
+    server = ServerKey("m", "bfloat16", None, "auto", "C", Parallel(tp=1))
+    p = sglang_cache_path(None, server, sm=90)
     assert p.parent.parent == tmp_path / "flashinfer" / "autotune" / __import__("flashinfer").__version__ / "sm90"
-    assert p == sglang_cache_path(tmp_path, **{**kw, "dtype": torch.bfloat16})   # "torch.bfloat16" either way
-    assert p != sglang_cache_path(tmp_path, **{**kw, "skip_ops": ["fp4_gemm"]})
-    assert sglang_cache_path(tmp_path, **kw, gpu_uuid="GPU-1", dp_rank=2).name == "rank_tp0_pp0_dp2_gpuGPU-1.json"
-    assert sglang_cache_path(tmp_path, **{**kw, "sm": 121}).parent.parent.name == "sm121"
+    assert p.name == "rank_tp0_pp0_dp0.json"
+    # "torch.bfloat16" either way
+    assert p == sglang_cache_path(tmp_path, dataclasses.replace(server, dtype=torch.bfloat16), sm=90)
+    assert p != sglang_cache_path(tmp_path, dataclasses.replace(server, skip_ops=["fp4_gemm"]), sm=90)
+    rank = Rank(dp=2, gpu_uuid="GPU-1")
+    assert sglang_cache_path(tmp_path, server, rank, sm=90).name == "rank_tp0_pp0_dp2_gpuGPU-1.json"
+    assert sglang_cache_path(tmp_path, server, sm=121).parent.parent.name == "sm121"
 
 
 @pytest.mark.parametrize("m", [1, 64, 512, 4096])

@@ -248,7 +248,7 @@ def test_reference_mm(device):
     ga, gb = nvfp4.global_scale(a), nvfp4.global_scale(b)
     ap, asf = nvfp4.quantize(a, ga)
     bp, bsf = nvfp4.quantize(b, gb)
-    out = nvfp4.reference_mm(ap, asf, ga, bp, bsf, gb, M, N, K)
+    out = nvfp4.reference_mm(nvfp4.Quantized(ap, asf, ga), nvfp4.Quantized(bp, bsf, gb))
     assert out.shape == (M, N) and out.dtype == torch.float32
     ref = nvfp4.dequantize(ap, asf, ga, M, K) @ nvfp4.dequantize(bp, bsf, gb, N, K).T
     tol = 1e-5 * (a.abs().max() * b.abs().max() * K).item()
@@ -259,7 +259,8 @@ def test_reference_mm(device):
     # plain (unswizzled) scales give the same result
     ap2, asf2 = nvfp4.quantize(a, ga, swizzle=False)
     bp2, bsf2 = nvfp4.quantize(b, gb, swizzle=False)
-    out2 = nvfp4.reference_mm(ap2, asf2, ga, bp2, bsf2, gb, M, N, K, swizzled=False)
+    out2 = nvfp4.reference_mm(nvfp4.Quantized(ap2, asf2, ga, swizzled=False),
+                              nvfp4.Quantized(bp2, bsf2, gb, swizzled=False))
     assert torch.equal(out, out2)
 
 

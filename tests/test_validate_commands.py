@@ -10,6 +10,7 @@ from autotune.validate import CommandError, ModelDirError
 from autotune.validate.sglang_commands import (
     ONE_BATCH_MODULE,
     SERVING_MODULE,
+    BenchClient,
     compile_cache_env,
     one_batch_command,
     prepare_cache_dir,
@@ -105,7 +106,7 @@ def test_server_environments(configs, tmp_path):
 
 def test_serving_command_is_what_sglang_serving_parses(model, tmp_path):
     md = inspect_model_dir(model)
-    cmd = serving_command("http://127.0.0.1:30001", md, 32, input_len=1024, output_len=256, num_prompts=128,
+    cmd = serving_command(BenchClient("http://127.0.0.1:30001", md, 1024, 256), 32, num_prompts=128,
                           warmup_requests=4, output_file=tmp_path / "c32.jsonl")
     ns = parse_command(cmd)
     assert ns.backend == "sglang" and ns.base_url == "http://127.0.0.1:30001"
@@ -120,7 +121,7 @@ def test_serving_command_is_what_sglang_serving_parses(model, tmp_path):
 
 def test_one_batch_command_is_what_sglang_one_batch_server_parses(model, tmp_path):
     md = inspect_model_dir(model)
-    cmd = one_batch_command("http://127.0.0.1:30001", md, input_len=1024, output_len=256,
+    cmd = one_batch_command(BenchClient("http://127.0.0.1:30001", md, input_len=1024, output_len=256),
                             result_file=tmp_path / "ob.jsonl", run_name="tuned-r1")
     ns = parse_command(cmd)
     assert (ns.batch_size, ns.input_len, ns.output_len) == ([1], [1024], [256])

@@ -4,7 +4,16 @@ import random
 
 import pytest
 
-from autotune.validate.gate import KnownSpread, compare, comparisons_from_runs, gate, robust_sigma, spread
+from autotune.validate.gate import (
+    Judging,
+    KnownSpread,
+    Sides,
+    compare,
+    comparisons_from_runs,
+    gate,
+    robust_sigma,
+    spread,
+)
 
 
 def _noisy(base, factor, rel_noise, n, seed):
@@ -24,7 +33,7 @@ def test_robust_sigma_small_and_large_samples():
 def test_pure_noise_is_within_noise(seed):
     b = _noisy(1000, 1.0, 0.03, 5, seed)
     t = _noisy(1000, 1.0, 0.03, 5, seed + 100)
-    c = compare("concurrency 8", b, t, x=8)
+    c = compare("concurrency 8", Sides(b, t), x=8)
     assert c.verdict == "within noise", c.describe()
     assert gate([c]).passed
 
@@ -32,16 +41,16 @@ def test_pure_noise_is_within_noise(seed):
 def test_real_gain_is_a_gain():
     b = _noisy(1000, 1.0, 0.01, 5, 1)
     t = _noisy(1000, 1.08, 0.01, 5, 2)
-    c = compare("batch 1", b, t, x=1)
+    c = compare("batch 1", Sides(b, t), x=1)
     assert c.verdict == "gain" and 1.05 < c.ratio < 1.11 and c.threshold < 0.03
 
 
 def test_regression_fails_the_gate_naming_the_point_and_both_figures():
     b = [1000.0, 1010.0, 995.0, 1005.0, 1002.0]
     t = [930.0, 941.0, 925.0, 936.0, 931.0]
-    c = compare("concurrency 32", b, t, x=32)
+    c = compare("concurrency 32", Sides(b, t), x=32)
     assert c.verdict == "regression"
-    g = gate([compare("concurrency 1", [50.0, 51, 50], [52.0, 53, 52], x=1), c])
+    g = gate([compare("concurrency 1", Sides([50.0, 51, 50], [52.0, 53, 52]), x=1), c])
     assert not g.passed and [r.point for r in g.regressions] == ["concurrency 32"]
     assert g.lines[0] == "tuned vs baseline: faster beyond noise at 1 of 2 points, slower beyond noise at 1"
     line = g.lines[1]
@@ -50,7 +59,7 @@ def test_regression_fails_the_gate_naming_the_point_and_both_figures():
 
 
 def test_allow_regression_records_and_passes():
-    c = compare("batch 64", [100.0, 101, 99], [90.0, 91, 89], x=64)
+    c = compare("batch 64", Sides([100.0, 101, 99], [90.0, 91, 89]), x=64)
     g = gate([c], allow_regression=True)
     assert g.passed and g.regressions == [c] and "allowed" in g.message and "regression at batch 64" in g.message
 
@@ -60,25 +69,25 @@ def test_pairing_cancels_drift_that_would_swamp_an_unpaired_comparison():
     drift = [1000, 900, 820, 760, 700]
     b = [d * 1.00 for d in drift]
     t = [d * 1.03 for d in drift]
-    paired = compare("batch 8", b, t, x=8)
+    paired = compare("batch 8", Sides(b, t), x=8)
     assert paired.verdict == "gain" and paired.ratio == pytest.approx(1.03)
-    unpaired = compare("batch 8", b, t[:-1], x=8)            # one run lost: no pairs
+    unpaired = compare("batch 8", Sides(b, t[:-1]), x=8)     # one run lost: no pairs
     assert not unpaired.paired and unpaired.verdict == "within noise"
 
 
 def test_small_change_below_the_floor_and_a_noisy_regression_are_not_called():
-    c = compare("batch 1", [100.0] * 4, [99.5] * 4)          # -0.5 %, no noise at all
+    c = compare("batch 1", Sides([100.0] * 4, [99.5] * 4))   # -0.5 %, no noise at all
     assert c.verdict == "within noise" and c.threshold == 0.01
-    c = compare("batch 1", [100.0, 100, 100, 100], [108.0, 86, 104, 90])  # -3 % median, +-10 % pairs
+    c = compare("batch 1", Sides([100.0, 100, 100, 100], [108.0, 86, 104, 90]))  # -3 % median, +-10 % pairs
     assert c.ratio < 0.98 and c.verdict == "within noise" and c.threshold > 0.03
 
 
 def test_one_run_per_side_is_not_judged_however_large_the_change():
-    c = compare("batch 1", [100.0], [95.0])
+    c = compare("batch 1", Sides([100.0], [95.0]))
     assert c.verdict == "not judged" and not c.judged
     assert c.sigma is None and c.threshold == 0.01 and "no noise to borrow" in c.noise
     # with the method's known spread each side borrows it: the ratio's noise is sqrt(2) x that
-    c = compare("batch 1", [100.0], [80.0], known_spread=KnownSpread(0.03, "test"))
+    c = compare("batch 1", Sides([100.0], [80.0]), known_spread=KnownSpread(0.03, "test"))
     assert c.verdict == "not judged" and c.sigma == pytest.approx(math.sqrt(2) * 0.03 * 0.8)
     assert c.threshold == pytest.approx(2 * 1.2533 * c.sigma, rel=1e-4)
 
@@ -86,24 +95,24 @@ def test_one_run_per_side_is_not_judged_however_large_the_change():
 def test_a_one_run_side_is_not_judged_and_never_counts_as_zero_noise():
     """SGLang 0.5.16's server arms: the default arm had one start, tuned two that agreed within
     0.03%. The one start was counted as zero noise, so +19% against a 1% threshold was a "gain"."""
-    c = compare("server bf16 vs default, batch 32", [1656.3], [1970.5, 1970.7])
+    c = compare("server bf16 vs default, batch 32", Sides([1656.3], [1970.5, 1970.7]))
     assert c.verdict == "not judged"
     # its noise is the tuned side's scatter, not zero: the threshold is both sides' scatter
     tuned_sigma = (1970.7 - 1970.5) / 1.128 / 1970.6
     assert c.sigma == pytest.approx(math.hypot(tuned_sigma, tuned_sigma) * c.ratio)
     assert "baseline: 1 run, noise borrowed from the tuned side's scatter" in c.noise
     # and the method's known spread, when it is the larger
-    c = compare("server bf16 vs default, batch 32", [1656.3], [1970.5, 1970.7],
+    c = compare("server bf16 vs default, batch 32", Sides([1656.3], [1970.5, 1970.7]),
                 known_spread=KnownSpread(0.035, "committed runs"))
     assert c.verdict == "not judged" and c.sigma == pytest.approx(math.hypot(0.035, tuned_sigma) * c.ratio)
     assert "instance-to-instance spread (3.5%: committed runs), the larger of the two" in c.noise
     assert c.threshold > 0.09                                 # 2 x 1.2533 x ~4% over one run
     # a regression on one run is not called either: one start cannot tell it from an unlucky one
-    assert compare("batch 8", [100.0, 101.0], [80.0]).verdict == "not judged"
+    assert compare("batch 8", Sides([100.0, 101.0], [80.0])).verdict == "not judged"
 
 
 def test_the_other_sides_scatter_is_borrowed_when_it_is_the_larger():
-    c = compare("batch 8", [100.0, 110.0, 90.0], [104.0], known_spread=KnownSpread(0.01, "small"))
+    c = compare("batch 8", Sides([100.0, 110.0, 90.0], [104.0]), known_spread=KnownSpread(0.01, "small"))
     baseline_sigma = 20 / 1.693 / 100
     assert c.sigma == pytest.approx(math.hypot(baseline_sigma, baseline_sigma) * c.ratio)
     assert "tuned: 1 run, noise borrowed from the baseline side's scatter (11.8%)" in c.noise
@@ -111,7 +120,7 @@ def test_the_other_sides_scatter_is_borrowed_when_it_is_the_larger():
 
 def test_unequal_run_counts_of_two_or_more_are_judged_on_both_sides_own_scatter():
     b, t = [100.0, 100.2, 99.8], [104.0, 103.0]
-    c = compare("batch 64", b, t, known_spread=KnownSpread(0.5, "never used: both sides have runs"))
+    c = compare("batch 64", Sides(b, t), known_spread=KnownSpread(0.5, "never used: both sides have runs"))
     assert not c.paired and c.ratio == pytest.approx(103.5 / 100.0)
     sb, st = 0.4 / 1.693 / 100.0, 1.0 / 1.128 / 103.5
     assert c.sigma == pytest.approx(math.hypot(sb, st) * c.ratio)
@@ -121,9 +130,9 @@ def test_unequal_run_counts_of_two_or_more_are_judged_on_both_sides_own_scatter(
 
 def test_bad_samples_are_refused():
     with pytest.raises(ValueError):
-        compare("batch 1", [], [1.0])
+        compare("batch 1", Sides([], [1.0]))
     with pytest.raises(ValueError):
-        compare("batch 1", [0.0], [1.0])
+        compare("batch 1", Sides([0.0], [1.0]))
 
 
 def test_runs_are_grouped_per_point_and_paired_by_repeat():
@@ -154,10 +163,10 @@ def test_a_lost_run_leaves_its_point_not_judged_and_the_others_judged():
 
 
 def test_the_gate_says_each_points_verdict_and_beyond_noise_at_k_of_n_per_baseline():
-    cs = [compare("batch 1", [100.0, 101, 99], [110.0, 111, 109], against="shipped"),          # gain
-          compare("batch 8", [100.0, 104, 96], [101.0, 105, 97], against="shipped"),           # within noise
-          compare("batch 1", [100.0, 101, 99], [120.0, 121, 119], against="default"),          # gain
-          compare("batch 8", [100.0], [130.0, 131], against="default")]                        # not judged
+    cs = [compare("batch 1", Sides([100.0, 101, 99], [110.0, 111, 109], against="shipped")),   # gain
+          compare("batch 8", Sides([100.0, 104, 96], [101.0, 105, 97], against="shipped")),    # within noise
+          compare("batch 1", Sides([100.0, 101, 99], [120.0, 121, 119], against="default")),   # gain
+          compare("batch 8", Sides([100.0], [130.0, 131], against="default"))]                 # not judged
     g = gate(cs)
     assert [c.verdict for c in cs] == ["gain", "within noise", "gain", "not judged"]
     assert g.passed
@@ -174,31 +183,31 @@ def test_the_gate_says_each_points_verdict_and_beyond_noise_at_k_of_n_per_baseli
 
 
 def test_the_gate_fails_when_no_point_could_be_judged():
-    g = gate([compare("batch 1", [100.0], [130.0]), compare("batch 8", [100.0], [90.0])])
+    g = gate([compare("batch 1", Sides([100.0], [130.0])), compare("batch 8", Sides([100.0], [90.0]))])
     assert not g.passed and g.regressions == []
     assert g.lines[-1] == "gate FAILED: none of 2 tested points could be judged (each needs at least 2 runs per side)"
-    assert not gate([compare("batch 1", [100.0], [130.0])], allow_regression=True).passed
+    assert not gate([compare("batch 1", Sides([100.0], [130.0]))], allow_regression=True).passed
 
 
 def test_a_change_of_exactly_the_threshold_is_not_called_either_way():
     # no scatter: the threshold is the 1% floor, and a ratio of exactly 0.99 or 1.01 is not beyond it
-    assert compare("batch 1", [100.0] * 4, [99.0] * 4).verdict == "within noise"
-    assert compare("batch 1", [100.0] * 4, [101.0] * 4).verdict == "within noise"
-    assert compare("batch 1", [100.0] * 4, [98.9] * 4).verdict == "regression"
+    assert compare("batch 1", Sides([100.0] * 4, [99.0] * 4)).verdict == "within noise"
+    assert compare("batch 1", Sides([100.0] * 4, [101.0] * 4)).verdict == "within noise"
+    assert compare("batch 1", Sides([100.0] * 4, [98.9] * 4)).verdict == "regression"
 
 
 def test_an_empty_side_is_refused_by_name_and_a_small_positive_throughput_is_not():
     with pytest.raises(ValueError, match="batch 1: no runs on the tuned side"):
-        compare("batch 1", [1.0], [])
+        compare("batch 1", Sides([1.0], []))
     with pytest.raises(ValueError, match="batch 1: no runs on the baseline side"):
-        compare("batch 1", [], [1.0])
+        compare("batch 1", Sides([], [1.0]))
     with pytest.raises(ValueError, match=r"batch 1: throughputs must be positive and finite, got \[1.0\] / \[inf\]"):
-        compare("batch 1", [1.0], [math.inf])
-    assert compare("batch 1", [0.5, 0.5], [0.6, 0.6]).verdict == "gain"        # requests per second, say
+        compare("batch 1", Sides([1.0], [math.inf]))
+    assert compare("batch 1", Sides([0.5, 0.5], [0.6, 0.6])).verdict == "gain"   # requests per second, say
 
 
 def test_each_sides_spread_is_its_interquartile_range_over_its_median():
-    c = compare("batch 8", [90.0, 95.0, 100.0, 105.0, 110.0], [100.0, 102.0, 101.0])
+    c = compare("batch 8", Sides([90.0, 95.0, 100.0, 105.0, 110.0], [100.0, 102.0, 101.0]))
     assert c.baseline_spread == pytest.approx((107.5 - 92.5) / 100.0)    # quartiles of five
     assert c.tuned_spread == pytest.approx((102.0 - 100.0) / 101.0)        # min..max below four
     assert math.isnan(spread([])) and spread([0.0, 0.0]) == 0.0
@@ -209,13 +218,13 @@ def test_the_grouping_hands_each_point_the_callers_settings():
             for kind, x in (("server", 8), ("one_batch", 1)) for rep, v in enumerate((100.0, 103.0, 97.0))
             for side in ("baseline", "tuned")]
     known = {"server": KnownSpread(0.2, "server starts")}
-    cs = comparisons_from_runs(runs, "ms", unit="ms", min_effect=0.3, z=3.0, against="default",
+    cs = comparisons_from_runs(runs, "ms", unit="ms", judging=Judging(min_effect=0.3, z=3.0), against="default",
                                known_spread=lambda kind: known.get(kind))
     assert [(c.point, c.x, c.unit, c.against) for c in cs] == [("one_batch 1", 1, "ms", "default"),
                                                               ("server 8", 8, "ms", "default")]
     assert all(c.threshold == 0.3 and c.verdict == "within noise" for c in cs)     # +10% under a 30% floor
     one = [r for r in runs if not (r["side"] == "baseline" and r["repeat"] > 0)]    # one baseline run each
-    wide = comparisons_from_runs(one, "ms", z=3.0, known_spread=lambda kind: known.get(kind))
+    wide = comparisons_from_runs(one, "ms", judging=Judging(z=3.0), known_spread=lambda kind: known.get(kind))
     assert [c.sigma is not None for c in wide] == [True, True]
     assert wide[1].threshold == pytest.approx(3 * math.sqrt(math.pi / 2) * wide[1].sigma)
     assert "server starts" in wide[1].noise
@@ -225,7 +234,7 @@ def test_the_grouping_hands_each_point_the_callers_settings():
              for r in runs if r["kind"] == "server"]
     (default,) = comparisons_from_runs(noisy, "ms")
     b, t = ([r["metrics"]["ms"] for r in noisy if r["side"] == side] for side in ("baseline", "tuned"))
-    assert default.threshold == compare("x", b, t).threshold > 0.01          # set by the scatter, at z = 2
+    assert default.threshold == compare("x", Sides(b, t)).threshold > 0.01          # set by the scatter, at z = 2
     assert default.unit == "tok/s" and default.against == "baseline" and default.noise == "scatter of the 3 paired ratios"
     # points in (kind, batch) order; a point with runs on one side only is left out, not an error
     mixed = [{**r, "kind": "a" if r["kind"] == "server" else "b"} for r in runs]
@@ -243,8 +252,8 @@ def test_a_side_with_a_repeat_more_is_compared_whole_and_unpaired():
 
 
 def test_the_gate_record_counts_each_baseline_apart():
-    cs = [compare(f"batch {x}", [100.0, 101, 99], [110.0, 111, 109], against="shipped") for x in (1, 8, 32)]
-    cs.append(compare("batch 1", [100.0, 101, 99], [80.0, 81, 79], against="default"))
+    cs = [compare(f"batch {x}", Sides([100.0, 101, 99], [110.0, 111, 109], against="shipped")) for x in (1, 8, 32)]
+    cs.append(compare("batch 1", Sides([100.0, 101, 99], [80.0, 81, 79], against="default")))
     d = gate(cs, allow_regression=True).to_dict()
     assert d == {"passed": True, "allow_regression": True, "regressions": ["batch 1"], "lines": d["lines"],
                  "points": [c.verdict_line() for c in cs],

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from autotune.validate import BenchmarkError, PortInUseError, ServerError
-from autotune.validate.server_process import ServerProcess, run_logged
+from autotune.validate.server_process import Lifecycle, ServerProcess, run_logged
 from autotune.validate.sglang_commands import free_port, port_in_use
 
 STANDIN = textwrap.dedent('''
@@ -85,7 +85,7 @@ def test_start_wait_healthy_and_stop_kills_the_whole_group(standin, tmp_path):
     port = free_port()
     pidfile = tmp_path / "child.pid"
     srv = ServerProcess(standin(port, "--healthy-after", "3", "--child-pidfile", str(pidfile)), port=port,
-                        log_path=tmp_path / "s.log", health_timeout_s=20, poll_s=0.1, shutdown_grace_s=5)
+                        log_path=tmp_path / "s.log", lifecycle=Lifecycle(20, poll_s=0.1, shutdown_grace_s=5))
     with srv:
         # the block starts after the first healthy answer, not before, and asked nothing more
         answers = re.findall(r"^health check \d+: (\d+)$", (tmp_path / "s.log").read_text(), re.M)
@@ -101,7 +101,7 @@ def test_start_wait_healthy_and_stop_kills_the_whole_group(standin, tmp_path):
 def test_never_healthy_times_out_with_the_log_tail_and_stops(standin, tmp_path):
     port = free_port()
     srv = ServerProcess(standin(port, "--never-healthy"), port=port, log_path=tmp_path / "s.log",
-                        health_timeout_s=1.5, poll_s=0.1, shutdown_grace_s=5)
+                        lifecycle=Lifecycle(1.5, poll_s=0.1, shutdown_grace_s=5))
     with pytest.raises(ServerError) as e:
         with srv:
             pytest.fail("must not get here")
@@ -114,7 +114,7 @@ def test_server_that_exits_during_start_up_is_reported_with_its_code(standin, tm
     port = free_port()
     with pytest.raises(ServerError) as e:
         with ServerProcess(standin(port, "--exit-now", "3"), port=port, log_path=tmp_path / "s.log",
-                           health_timeout_s=20, poll_s=0.1):
+                           lifecycle=Lifecycle(20, poll_s=0.1)):
             pass
     assert "exited with code 3 before it became healthy" in str(e.value)
     assert "marker-exit" in str(e.value)
@@ -123,7 +123,7 @@ def test_server_that_exits_during_start_up_is_reported_with_its_code(standin, tm
 def test_sigterm_ignored_escalates_to_sigkill(standin, tmp_path):
     port = free_port()
     srv = ServerProcess(standin(port, "--ignore-term"), port=port, log_path=tmp_path / "s.log",
-                        health_timeout_s=20, poll_s=0.1, shutdown_grace_s=0.5)
+                        lifecycle=Lifecycle(20, poll_s=0.1, shutdown_grace_s=0.5))
     with srv:
         pid = srv.proc.pid
     assert not _alive(pid)          # gone when the block ends: SIGKILL after the grace period
@@ -132,8 +132,8 @@ def test_sigterm_ignored_escalates_to_sigkill(standin, tmp_path):
 @pytest.mark.parametrize("exc", [RuntimeError("benchmark blew up"), KeyboardInterrupt()])
 def test_exceptions_and_ctrl_c_inside_the_block_still_stop_the_server(standin, tmp_path, exc):
     port = free_port()
-    srv = ServerProcess(standin(port), port=port, log_path=tmp_path / "s.log", health_timeout_s=20, poll_s=0.1,
-                        shutdown_grace_s=5)
+    srv = ServerProcess(standin(port), port=port, log_path=tmp_path / "s.log",
+                        lifecycle=Lifecycle(20, poll_s=0.1, shutdown_grace_s=5))
     with pytest.raises(type(exc)):
         with srv:
             pid = srv.proc.pid

@@ -82,8 +82,8 @@ def world():
     returns its runtime context, which every build and forward here runs in (a worker may have
     another one active for SGLang's config loader: autotune.adapters.sglang_loader.sglang_context).
     Built once per process: a build that fails half-way (its groups made, a later import missing)
-    cannot be retried, so every later call gets that first error, not SGLang's "already initialized"
-    (device call, session 16: the missing-module cause was hidden behind it for later backends)."""
+    cannot be retried, so every later call gets that first error, not SGLang's "already initialized",
+    which would hide the first failure's cause (a missing module, say) from every later backend."""
     if _world_failed:
         raise _world_failed[0]
     try:
@@ -296,7 +296,7 @@ def use_triton_configs(config_dir: str | None) -> None:
     """SGLang's Triton MoE runner reads its configs from `config_dir` where that is a tuned folder
     (it holds configs/: SGLANG_MOE_CONFIG_DIR, as a server started with it), else from SGLang's own
     folder (a run that tunes no Triton configs has none in its --out; pointing SGLang at an empty
-    folder fails its loader: H200, 2026-12-03). Its loader caches what it read, so a change of
+    folder fails its loader). Its loader caches what it read, so a change of
     folder clears that cache."""
     want = config_dir if config_dir and os.path.isdir(os.path.join(config_dir, "configs")) else ""
     if _CONFIG_DIR != [want]:

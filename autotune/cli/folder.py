@@ -8,12 +8,26 @@ from autotune import api, folder_commands
 from autotune.validate import rank_model
 
 
+def _server(args):
+    """install's server values from its flags (export.install.ServerFlags)."""
+    from autotune.export.flashinfer import Parallel
+    from autotune.export.install import ServerFlags
+
+    return ServerFlags(args.model_path, Parallel(args.tp, args.pp, args.attn_dp, args.ep), args.dtype,
+                       args.quantization, args.moe_runner_backend, args.hf_config_class,
+                       tuple(s for s in args.skip_ops.split(",") if s))
+
+
+# A command's parameters that are one value made of several flags: the selection of what to tune
+# (an api.TuneRequest) and the server install writes for.
+_MADE = {"sel": lambda args: api.request(api.TuneRequest, args), "server": _server}
+
+
 def _printed(fn):
     def cmd(args) -> int:
         params = inspect.signature(fn).parameters
-        kw = {k: getattr(args, k) for k in params if k != "sel" and hasattr(args, k)}
-        if "sel" in params:
-            kw["sel"] = api.request(api.TuneRequest, args)
+        kw = {k: getattr(args, k) for k in params if k not in _MADE and hasattr(args, k)}
+        kw.update({k: make(args) for k, make in _MADE.items() if k in params})
         out = fn(**kw)
         code, lines = out if isinstance(out, tuple) else (0, out)
         for line in lines:

@@ -75,13 +75,22 @@ def build_parser(commands: dict) -> inputs.Parser:
     ap = inputs.Parser(prog="autotune", description="Tune SGLang's MoE kernels for this GPU.")
     ap.add_argument("--version", action="version", version=f"autotune {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, add_flags in _COMMANDS:
+        add_flags(sub, commands[name])
+    from autotune.cli.validate import add_parser as add_validate_parser
+    add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned
+    return ap
 
+
+def _shapes(sub, fn) -> None:
     p = sub.add_parser("shapes", help="print the problems a run would tune")
     add_selection(p)
     p.add_argument("--target-sm", type=inputs.sm, action="append",
                    help="also show how many configs each architecture admits (repeatable: 90, 100, 120)")
-    p.set_defaults(fn=commands["shapes"])
+    p.set_defaults(fn=fn)
 
+
+def _run(sub, fn) -> None:
     p = sub.add_parser("run", help="tune, select, export SGLang's config files")
     models = add_selection(p)
     _add_device_args(p)
@@ -103,6 +112,13 @@ def build_parser(commands: dict) -> inputs.Parser:
                "the folder's provenance names the problems and batch sizes it re-tunes")
     p.needs("--target-device", "--dry-run", "it plans a run for a GPU model; a run measures on the GPU it finds")
     p.excludes("--target-device", ("--replay",), "both name the device")
+    _run_backends(p)
+    inputs.add_force(p)
+    p.set_defaults(fn=fn)
+
+
+def _run_backends(p) -> None:
+    """`autotune run`'s flags of the kernel families and the backend choice."""
     p.add_argument("--kernels", default="all",
                    help=f"kernel families: {', '.join(registry.names())}, or all (default: all that this GPU supports)")
     p.add_argument("--mix", choices=("decode", "prefill"), default="decode",
@@ -112,9 +128,9 @@ def build_parser(commands: dict) -> inputs.Parser:
                         "moe_bf16:flashinfer_cutlass where its CUTLASS MoE JIT build is not cached yet)")
     p.add_argument("--checkpoint", choices=registry.with_flag("moe-runner-backend"),
                    help="which MoE family's runner goes into server_args.yaml (default: the first measured)")
-    inputs.add_force(p)
-    p.set_defaults(fn=commands["run"])
 
+
+def _worker(sub, fn) -> None:
     p = sub.add_parser("worker", help="search a study shared with other workers (e.g. on PostgreSQL)")
     add_selection(p)
     _add_device_args(p)
@@ -124,8 +140,10 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.add_argument("--heartbeat", type=inputs.count(1, MAX_HEARTBEAT), default=10,
                    help="seconds between heartbeats; a worker silent for 3 is declared dead")
     p.add_argument("--budget", type=inputs.seconds, help="stop asking after this much device time, e.g. 20m")
-    p.set_defaults(fn=commands["worker"])
+    p.set_defaults(fn=fn)
 
+
+def _export(sub, fn) -> None:
     p = sub.add_parser("export", help="select and write SGLang's files from a (shared) study")
     add_selection(p)
     _add_device_args(p)
@@ -133,16 +151,20 @@ def build_parser(commands: dict) -> inputs.Parser:
     _add_storage_and_out(p)
     p.add_argument("--partial", action="store_true", help="export a study short of its trial budget")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["export"])
+    p.set_defaults(fn=fn)
 
+
+def _publish(sub, fn) -> None:
     p = sub.add_parser("publish", help="commit tuned configs into a serving repo, on a new branch")
     p.add_argument("--to", required=True, type=inputs.path, help="serving repo: a local working tree, or a git URL to clone and push")
     p.add_argument("--from", dest="src", type=inputs.path, help="tuned folder (default: the one under tuned_configs/)")
     p.add_argument("--branch", help="new branch (default tuned/<device>)")
     p.add_argument("--path", type=inputs.path, help="folder inside the serving repo (default tuned_configs/<device>)")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["publish"])
+    p.set_defaults(fn=fn)
 
+
+def _record(sub, fn) -> None:
     p = sub.add_parser("record", help="measure a whole search space into a measurement cache")
     add_selection(p)
     _add_device_args(p)
@@ -151,29 +173,37 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.add_argument("--shard", type=inputs.shard, help="i/n: take every n-th config starting at i")
     p.add_argument("--quiet", action="store_true")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["record"])
+    p.set_defaults(fn=fn)
 
+
+def _merge_caches(sub, fn) -> None:
     p = sub.add_parser("merge-caches", help="merge partial recordings of one device")
     p.add_argument("caches", nargs="+", type=inputs.path, action=inputs.DistinctPaths)
     p.add_argument("-o", "--output", required=True, type=inputs.path)
     inputs.add_force(p)
-    p.set_defaults(fn=commands["merge-caches"])
+    p.set_defaults(fn=fn)
 
+
+def _merge_choices(sub, fn) -> None:
     p = sub.add_parser("merge-choices", help="fold the backend choices of other runs on this GPU model into "
                                              "one server_args.yaml")
     p.add_argument("sources", nargs="+", type=inputs.path, action=inputs.DistinctPaths, help="tuned folders (<out>/<device>) or backend_choice.json files")
     p.add_argument("--out", default="tuned_configs", type=inputs.path, help="folder holding <device>/server_args.yaml")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["merge-choices"])
+    p.set_defaults(fn=fn)
 
+
+def _compile_limits(sub, fn) -> None:
     p = sub.add_parser("compile-limits", help="compile every config of an architecture's space for it (no GPU "
                                               "needed) and record the exact shared memory each needs")
     add_selection(p)
     p.add_argument("--target-sm", type=inputs.sm, required=True, help="architecture, e.g. 120 (RTX PRO 6000) or 100 (B200)")
     p.add_argument("--out", type=inputs.path, help="record file (default search_spaces/compiled/sm<XY>.json)")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["compile-limits"])
+    p.set_defaults(fn=fn)
 
+
+def _check(sub, fn) -> None:
     p = sub.add_parser("check", help="does a tuned folder still match this machine: SGLang release, GPU, Triton?")
     p.add_argument("folder", type=inputs.path, help="tuned folder, e.g. tuned_configs/NVIDIA_H200")
     p.add_argument("--sglang-version", metavar="VERSIONS",
@@ -184,8 +214,10 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.add_argument("--batch-sizes", default=None, type=inputs.int_list(MAX_BATCH),
                    help="batch sizes to re-time (default: 1, 32, 256, 4096 where the file holds them)")
     p.excludes("--no-retime", ("--batch-sizes",), "--batch-sizes are the ones re-timed")
-    p.set_defaults(fn=commands["check"])
+    p.set_defaults(fn=fn)
 
+
+def _install(sub, fn) -> None:
     p = sub.add_parser("install", help="put a tuned folder's FlashInfer tactics cache where SGLang reads it at "
                                        "start-up (one identical file per rank)")
     p.add_argument("folder", type=inputs.path, help="tuned folder holding flashinfer_autotune_cache.json")
@@ -208,8 +240,10 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.add_argument("--skip-ops", default="", help="the server's --flashinfer-autotune-skip-ops, comma separated")
     p.add_argument("--cache-dir", type=inputs.path, help="SGLANG_CACHE_DIR of the server (default: $SGLANG_CACHE_DIR or ~/.cache/sglang)")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["install"])
+    p.set_defaults(fn=fn)
 
+
+def _rank_model(sub, fn) -> None:
     p = sub.add_parser("rank-model", help="write a config-only model folder of one tensor-parallel rank "
                                           "(SGLang serves it on one GPU with --load-format dummy)")
     models = p.add_mutually_exclusive_group()
@@ -221,8 +255,11 @@ def build_parser(commands: dict) -> inputs.Parser:
     p.add_argument("--fp8-block", action="store_true", help="declare a block-FP8 checkpoint ([128, 128] blocks)")
     p.add_argument("--out", required=True, type=inputs.path, help="folder to write")
     inputs.add_force(p)
-    p.set_defaults(fn=commands["rank-model"])
+    p.set_defaults(fn=fn)
 
-    from autotune.cli.validate import add_parser as add_validate_parser
-    add_validate_parser(sub)   # `autotune validate`: end-to-end decode throughput, default vs tuned
-    return ap
+
+# Each subcommand with the function adding its flags, in the order `autotune --help` lists them.
+_COMMANDS = (("shapes", _shapes), ("run", _run), ("worker", _worker), ("export", _export), ("publish", _publish),
+             ("record", _record), ("merge-caches", _merge_caches), ("merge-choices", _merge_choices),
+             ("compile-limits", _compile_limits), ("check", _check), ("install", _install),
+             ("rank-model", _rank_model))

@@ -108,17 +108,17 @@ def cmd_validate(args) -> int:
         return EXIT_INTERRUPTED
 
 
-def _finish(args, record_kw: dict, comparisons, out: Path, *, title: str, x_label: str, intro: list[str],
-            provenance, extra_cols=None, plotter=None) -> int:
+def _finish(args, record_kw: dict, comparisons, out: Path, report) -> int:
+    """The gate on `comparisons`, validate's three files in `out` (`report`: a report.Report), the
+    table and the verdict printed; the exit code."""
     from autotune.validate.gate import gate as run_gate
     from autotune.validate.report import build_record, comparison_table, write_reports
 
     result = run_gate(comparisons, allow_regression=args.allow_regression)
     record = build_record(gate=result, comparisons=comparisons, **record_kw)
-    paths = write_reports(out, record, comparisons, title=title, x_label=x_label, intro=intro,
-                          provenance=provenance, extra_cols=extra_cols, plotter=plotter)
+    paths = write_reports(out, record, comparisons, report)
     print()
-    print(comparison_table(comparisons, extra_cols))
+    print(comparison_table(comparisons, report.extra_cols))
     print()
     print(result.message)
     for p in paths.values():
@@ -157,9 +157,9 @@ def _check_out(out: Path, runs_sha256: list[str] | None = None) -> None:
 def _validate_sglang(args) -> int:
     from autotune.adapters.local_gpu import detect
     from autotune.gpus.device import NoDeviceError, utc_now
-    from autotune.validate.gate import comparisons_from_runs
+    from autotune.validate.gate import Judging, comparisons_from_runs
     from autotune.validate.judged import snapshot
-    from autotune.validate.report import shown
+    from autotune.validate.report import Report, shown
     from autotune.validate.sglang_commands import check_port_free
     from autotune.validate.sglang_inputs import inspect_configs, inspect_model_dir
     from autotune.validate.sglang_server import ServerValidation, run_server_validation
@@ -196,8 +196,8 @@ def _validate_sglang(args) -> int:
     res = run_server_validation(v)
     label = {"serving": "concurrency", "one_batch": "single request, batch"}
 
-    comparisons = comparisons_from_runs(res["runs"], "output_throughput", unit="tok/s", min_effect=args.min_effect,
-                                        label=lambda kind, x: f"{label[kind]} {x}")
+    comparisons = comparisons_from_runs(res["runs"], "output_throughput", unit="tok/s",
+                                        judging=Judging(args.min_effect), label=lambda kind, x: f"{label[kind]} {x}")
     latency = {c.point: _latency_note(res["runs"], c) for c in comparisons}
     try:
         device = detect().to_dict()
@@ -219,9 +219,9 @@ def _validate_sglang(args) -> int:
     return _finish(args, dict(engine="sglang", device=device, runs=res["runs"], settings=settings,
                               extra={"servers": res["servers"],
                                      "judged": _judged(configs.root, judged, device.get("kind", "unknown"))}),
-                   comparisons, out, title=f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
-                   x_label="concurrency", intro=intro, provenance=configs.provenance,
-                   extra_cols={"median ITL ms (baseline / tuned)": latency})
+                   comparisons, out, Report(f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
+                                            "concurrency", intro, configs.provenance,
+                                            extra_cols={"median ITL ms (baseline / tuned)": latency}))
 
 
 def _validate_sglang_runs(args) -> int:
@@ -229,7 +229,7 @@ def _validate_sglang_runs(args) -> int:
     each run's log checked for the config file SGLang says it loaded."""
     from autotune.validate import BenchmarkError
     from autotune.validate.judged import snapshot, tree_sha256
-    from autotune.validate.report import shown
+    from autotune.validate.report import Report, shown
     from autotune.validate.server_arms import (
         comparisons,
         markdown,
@@ -283,13 +283,14 @@ def _validate_sglang_runs(args) -> int:
             intro += [f"- {arm} ({first.name}):"] + [f"  - `{line[:300]}`" for line in first.evidence.lines]
     settings = {"runs": list(args.from_runs), "runs_sha256": runs_sha256, "configs": str(configs), "sglang": version,
                 "command": "autotune " + " ".join(sys.argv[1:])}
+    report = Report(f"SGLang {version}: tuned vs shipped and default", "decode batch size", intro,
+                    configs / "provenance.json",
+                    plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
     return _finish(args, dict(engine=f"sglang-server {version}", device=env, runs=[r.to_dict() for r in runs],
                               settings=settings,
                               extra={"arms_table": rows, "refused_runs": problems,
                                      "judged": _judged(configs, judged, "gpu" if env.get("gpu") else "unknown")}),
-                   comps, out, title=f"SGLang {version}: tuned vs shipped and default", x_label="decode batch size",
-                   intro=intro, provenance=configs / "provenance.json",
-                   plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
+                   comps, out, report)
 
 
 def _unpacked(src: str, into: Path) -> Path:
@@ -328,10 +329,10 @@ def _validate_harness(args) -> int:
     from autotune.problems import models
     from autotune.adapters.local_gpu import detect
     from autotune.gpus.device import NoDeviceError, cpu_interpreter
-    from autotune.validate.gate import comparisons_from_runs
-    from autotune.validate.harness import HarnessModel, on_interpreter, run_harness
+    from autotune.validate.gate import Judging, comparisons_from_runs
+    from autotune.validate.harness import HarnessModel, HarnessSettings, on_interpreter, run_harness
     from autotune.validate.judged import snapshot
-    from autotune.validate.report import shown
+    from autotune.validate.report import Report, shown
 
     if args.concurrencies:
         raise ValidateError("--concurrencies is for --engine sglang; the harness takes --batch-sizes")
@@ -359,10 +360,10 @@ def _validate_harness(args) -> int:
     out = Path(args.out) if args.out else configs
     _check_out(out)
     judged = snapshot(configs)
-    res = run_harness(hm, tp=args.tp, device=device, tuned_dir=configs, batch_sizes=batch_sizes,
-                      repeats=args.repeats or 5, layers=args.layers, dtype=args.dtype, on_cpu=on_cpu)
+    res = run_harness(hm, HarnessSettings(args.tp, device, configs, tuple(batch_sizes), repeats=args.repeats or 5,
+                                          layers=args.layers, dtype=args.dtype, on_cpu=on_cpu))
     desc = res["description"]
-    comparisons = comparisons_from_runs(res["runs"], "tokens_per_s", unit="tok/s", min_effect=args.min_effect,
+    comparisons = comparisons_from_runs(res["runs"], "tokens_per_s", unit="tok/s", judging=Judging(args.min_effect),
                                         label=lambda kind, x: f"batch {x}")
     share = {}
     for c in comparisons:
@@ -387,9 +388,9 @@ def _validate_harness(args) -> int:
                               extra={"harness": desc, "configs_used": _jsonable(res["configs"]),
                                      "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows,
                                      "judged": _judged(configs, judged, device.kind)}),
-                   comparisons, out, title=f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
-                   x_label="decode batch size", intro=intro, provenance=configs / "provenance.json",
-                   extra_cols={"MoE share of step (default / tuned)": share})
+                   comparisons, out, Report(f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
+                                            "decode batch size", intro, configs / "provenance.json",
+                                            extra_cols={"MoE share of step (default / tuned)": share}))
 
 
 MOE_SIDES = (("heuristic", "SGLang default (no file)"), ("default", "SGLang's folder (shipped)"), ("tuned", "tuned"))

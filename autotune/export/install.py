@@ -16,7 +16,7 @@ from pathlib import Path
 from autotune.fileio.writing import NotOurs, claim, write_atomic
 from autotune.gpus.catalog import MAX_GPUS
 from autotune.adapters import flashinfer_cache as fi
-from autotune.export.flashinfer import sglang_cache_path
+from autotune.export.flashinfer import Parallel, Rank, ServerKey, sglang_cache_path
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
 from autotune.fileio.reading import load_json
 
@@ -89,43 +89,29 @@ def _quantization_name(q: dict | None, where) -> str | None:
                        "pass --quantization as the server resolves it")
 
 
-def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_dp: int = 1, ep: int = 1,
-            dtype: str = "bfloat16", quantization: str | None = None, moe_runner_backend: str | None = None,
-            hf_config_class: str | None = None, cache_dir: str | None = None, skip_ops=(),
-            quantization_given: bool = False) -> list[Path]:
+@dataclass(frozen=True)
+class ServerFlags:
+    """The server's values as `autotune install` is given them; None where read elsewhere:
+    quantization from the model folder's config.json ('none' for none), moe_runner_backend from
+    the tuned folder's server_args.yaml, hf_config_class from the model folder."""
+    model_path: str
+    parallel: Parallel
+    dtype: str = "bfloat16"
+    quantization: str | None = None
+    moe_runner_backend: str | None = None
+    hf_config_class: str | None = None
+    skip_ops: tuple[str, ...] = ()
+
+
+def install(folder: str | Path, server: ServerFlags, cache_dir: str | None = None) -> list[Path]:
+    """The folder's FlashInfer cache into every rank's file of SGLang's cache for `server` under
+    `cache_dir` (None: $SGLANG_CACHE_DIR, default ~/.cache/sglang); the files written."""
     folder = Path(folder)
     src = folder / CACHE_FILE
     if not src.is_file():
         raise InstallError(f"{folder} has no {CACHE_FILE}: a GPU run of `autotune run` on a backend with tactics "
                            "writes it")
-    facts = model_facts(model_path)
-    _check_parallel(tp, pp, attn_dp, ep, facts)
-    hf_config_class = hf_config_class or facts.hf_config_class
-    if not hf_config_class:
-        raise InstallError(f"{model_path} is not a local model folder: pass --hf-config-class (transformers' config "
-                           "class name, e.g. Qwen3_5MoeConfig)")
-    if not quantization_given:
-        if not facts.found:
-            raise InstallError(f"{model_path} is not a local model folder: pass --quantization (or 'none')")
-        if facts.quantization_unknown:
-            raise InstallError(facts.quantization_unknown)
-        quantization = facts.quantization
-    runner_from = None
-    if moe_runner_backend is None:
-        moe_runner_backend, runner_from = _from_server_args(folder), f"{folder / 'server_args.yaml'}: moe-runner-backend"
-    # Every value enters the hash of the folder SGLang reads: one SGLang would never resolve names a
-    # folder no server reads, so each is checked against SGLang's own lists, wherever it came from.
-    sglang = _sglang_values()
-    _server_value("--moe-runner-backend", moe_runner_backend, sglang["--moe-runner-backend"], runner_from)
-    if moe_runner_backend == MEGAMOE:
-        raise InstallError(f"{runner_from or '--moe-runner-backend'} {MEGAMOE}: SGLang names that runner's files by "
-                           "each GPU's UUID, which install cannot know (the files would never be read); let the "
-                           "server tune it")
-    if quantization is not None:
-        _server_value("--quantization", quantization, sglang["--quantization"], also=", or 'none'")
-    dtype = _torch_dtype(dtype, sglang["--dtype"])
-    _one_of("--hf-config-class", hf_config_class, _config_classes(),
-            "a config class transformers or SGLang defines (the server's hf_config class)")
+    key = _server_key(folder, server)
     sm = _sm(folder)
     try:
         got = fi.read_cache(src)
@@ -134,11 +120,9 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     if got is None or got[0] is None:
         raise InstallError(f"{src} is not a FlashInfer cache file")
     meta, records, ours = got
-    paths = [sglang_cache_path(cache_dir, model_path=model_path, dtype=dtype, quantization=quantization,
-                               moe_runner_backend=moe_runner_backend, tp_size=tp, pp_size=pp,
-                               attn_dp_size=attn_dp, moe_ep_size=ep, hf_config_class=hf_config_class, sm=sm,
-                               skip_ops=skip_ops, tp_rank=r, pp_rank=p, dp_rank=0)
-             for p in range(pp) for r in range(tp)]
+    par = server.parallel
+    paths = [sglang_cache_path(cache_dir, key, Rank(tp=r, pp=p, dp=0), sm=sm)
+             for p in range(par.pp) for r in range(par.tp)]
     blocking = next((p for p in (*reversed(paths[0].parents),) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise InstallError(f"SGLang's cache folder cannot be made: {blocking} is a file (--cache-dir or "
@@ -161,10 +145,48 @@ def install(folder: str | Path, *, model_path: str, tp: int, pp: int = 1, attn_d
     return paths
 
 
-def _check_parallel(tp: int, pp: int, attn_dp: int, ep: int, facts: ModelFacts) -> None:
+def _server_key(folder: Path, server: ServerFlags) -> ServerKey:
+    """The values SGLang hashes into its cache folder's name, each given or read and checked
+    against the installed SGLang's own lists."""
+    facts = model_facts(server.model_path)
+    _check_parallel(server.parallel, facts)
+    hf_config_class = server.hf_config_class or facts.hf_config_class
+    if not hf_config_class:
+        raise InstallError(f"{server.model_path} is not a local model folder: pass --hf-config-class (transformers' "
+                           "config class name, e.g. Qwen3_5MoeConfig)")
+    if server.quantization is None:
+        if not facts.found:
+            raise InstallError(f"{server.model_path} is not a local model folder: pass --quantization (or 'none')")
+        if facts.quantization_unknown:
+            raise InstallError(facts.quantization_unknown)
+        quantization = facts.quantization
+    else:
+        quantization = None if server.quantization.lower() == "none" else server.quantization
+    moe_runner_backend, runner_from = server.moe_runner_backend, None
+    if moe_runner_backend is None:
+        moe_runner_backend, runner_from = _from_server_args(folder), f"{folder / 'server_args.yaml'}: moe-runner-backend"
+    # Every value enters the hash of the folder SGLang reads: one SGLang would never resolve names a
+    # folder no server reads, so each is checked against SGLang's own lists, wherever it came from.
+    sglang = _sglang_values()
+    _server_value("--moe-runner-backend", moe_runner_backend, sglang["--moe-runner-backend"], runner_from)
+    if moe_runner_backend == MEGAMOE:
+        raise InstallError(f"{runner_from or '--moe-runner-backend'} {MEGAMOE}: SGLang names that runner's files by "
+                           "each GPU's UUID, which install cannot know (the files would never be read); let the "
+                           "server tune it")
+    if quantization is not None:
+        _server_value("--quantization", quantization, sglang["--quantization"], also=", or 'none'")
+    dtype = _torch_dtype(server.dtype, sglang["--dtype"])
+    _one_of("--hf-config-class", hf_config_class, _config_classes(),
+            "a config class transformers or SGLang defines (the server's hf_config class)")
+    return ServerKey(server.model_path, dtype, quantization, moe_runner_backend, hf_config_class, server.parallel,
+                     server.skip_ops)
+
+
+def _check_parallel(par: Parallel, facts: ModelFacts) -> None:
     """Parallel sizes one SGLang server could run with: at most MAX_GPUS ranks, attention DP and
     expert parallelism inside --tp, at least one attention head per attention-TP rank and one
     expert per EP rank where the model's config says how many it has."""
+    tp, pp, attn_dp, ep = par.tp, par.pp, par.attn_dp, par.ep
     for flag, v in (("--tp", tp), ("--pp", pp), ("--attn-dp", attn_dp), ("--ep", ep)):
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_GPUS:
             raise InstallError(f"{flag} must be an integer from 1 to {MAX_GPUS}, got {v!r}")

@@ -183,7 +183,7 @@ def sglang_auto_value(family: str, sm: int | None) -> str | None:
         return sglang_layer.resolved_moe_backend(Problem(E=8, N=128, K=256, top_k=2, dtype=spec.dtype), sm)
     def ask_or_none():
         # SGLang's resolution builds its parallel groups and imports half its server: in a broken
-        # environment (device call, session 16: a missing `openai` module) say so, as unknown.
+        # environment (a missing `openai` module, say) say so, as unknown.
         try:
             return ask()
         except Exception as e:

@@ -72,7 +72,7 @@ class Runner:
     def kept(self, inputs, what: str, make):
         """`make()` once per set of inputs and per runner: a worker's inputs at an M serve every
         backend it measures there, so an object of one backend (FlashInfer's runner) is never
-        handed to another (H200, session 12: cuDNN tactics ran on the cuBLAS runner)."""
+        handed to another (shared, cuDNN's tactics would run on the cuBLAS runner)."""
         key = (what, self.name)
         if key not in inputs.cache:
             inputs.cache[key] = make()

@@ -91,8 +91,8 @@ def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, 
     """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph.
 
     On the H200 the first graph timing after another process has run a kernel on the GPU is ~0.35 µs
-    per kernel launch faster than every later one, the same launch included (benchmarks/
-    timing_state_probe.py, NOTES session 11). Every timing is therefore taken right after a
+    per kernel launch faster than every later one, the same launch included (measured by
+    benchmarks/timing_state_probe.py). Every timing is therefore taken right after a
     throwaway one of the same launch, in the steady state of a process alone on its GPU, as a
     server is: a lone process primes once (its first timing), a run's workers, which share the GPU,
     prime every timing (`prime`, under the GPU lock, so no other worker's kernel comes between).

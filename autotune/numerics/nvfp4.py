@@ -56,6 +56,8 @@ Written from FlashInfer's sources (paths below are relative to site-packages/fla
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -234,9 +236,22 @@ def unswizzle_scales(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return out.view(orig) if orig is not None else out
 
 
-def reference_mm(a_packed: torch.Tensor, a_scales: torch.Tensor, a_gs,
-                 b_packed: torch.Tensor, b_scales: torch.Tensor, b_gs,
-                 M: int, N: int, K: int, swizzled: bool = True) -> torch.Tensor:
+@dataclass(frozen=True)
+class Quantized:
+    """One NVFP4 matrix as `quantize` returns it: packed [rows, K/2], its block scales (swizzled:
+    the 128x4 layout, else plain [rows, K/16]) and the global scale it was quantized with."""
+    packed: torch.Tensor
+    scales: torch.Tensor
+    global_scale: Any
+    swizzled: bool = True
+
+    def block_scaled(self) -> torch.Tensor:
+        """float32 [rows, K]: e2m1 * sf, exact (the global scale not applied)."""
+        rows, half_k = self.packed.shape[-2:]
+        return dequantize(self.packed, self.scales, 1.0, rows, 2 * half_k, self.swizzled)
+
+
+def reference_mm(a: Quantized, b: Quantized) -> torch.Tensor:
     """float32 [M, N] = dequant(a) @ dequant(b).T, for mm_fp4(a, b.T, a_sf, b_sf.T, alpha).
 
     a: [M, K/2] with its scales, b: [N, K/2] (the weight as quantized, before mm_fp4's
@@ -244,9 +259,8 @@ def reference_mm(a_packed: torch.Tensor, a_scales: torch.Tensor, a_gs,
     products e2m1 * sf are exact in float32; they are accumulated in float64 and scaled
     by alpha = float32(1 / (gs_a * gs_b)) at the end.
     """
-    a_u = dequantize(a_packed, a_scales, 1.0, M, K, swizzled)    # e2m1 * sf, exact
-    b_u = dequantize(b_packed, b_scales, 1.0, N, K, swizzled)
-    dev = a_packed.device
-    alpha = 1.0 / (_as_gs(a_gs, dev) * _as_gs(b_gs, dev))
+    a_u, b_u = a.block_scaled(), b.block_scaled()
+    dev = a.packed.device
+    alpha = 1.0 / (_as_gs(a.global_scale, dev) * _as_gs(b.global_scale, dev))
     acc = a_u.to(torch.float64) @ b_u.to(torch.float64).T
     return (acc * alpha.to(torch.float64)).to(torch.float32)

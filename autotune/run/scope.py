@@ -18,13 +18,13 @@ from autotune.families.capabilities import runners
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
 CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
-# The H200 bf16 run of 2026-12-01: 243.7 s of wall time against 121 s of this model for its 4500 planned
+# The H200 bf16 run of REFERENCE: 243.7 s of wall time against 121 s of this model for its 4500 planned
 # measurements (docs/PERFORMANCE.md): worker start-up, JIT builds and scheduling are not in the recording.
 WALL_FACTOR = 2.0
 # Backend families: a default and a re-measurement per available backend, ~8 measurements per (problem, M);
-# each backend with FlashInfer tactics adds what its runner lists there, known only on the GPU. The H200
-# fp8_gemm run of 2026-12-03 (cuBLAS + cuDNN: 544 measurements for 4 shapes x 4 M) averaged ~13 per
-# tunable backend per (problem, M).
+# each backend with FlashInfer tactics adds what its runner lists there, known only on the GPU. An H200
+# fp8_gemm run (cuBLAS + cuDNN: 544 measurements for 4 shapes x 4 M) averaged ~13 per tunable backend
+# per (problem, M).
 BACKENDS_PER_M = 8
 TACTICS_PER_TUNABLE = 13
 

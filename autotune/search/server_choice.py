@@ -118,7 +118,7 @@ def server_choice(family, device, tuners: list, mix: str = "decode") -> ServerCh
     auto, within_noise = family.sglang_auto(device), None
     if best is not None and auto in eligible and best != auto:
         # SGLang's own pick stays unless another backend beats it beyond the noise of either's timings
-        # (H200 sieve, session 17: experimental_sgl_marlin "won" over auto's marlin by 1.001x)
+        # (on the H200 experimental_sgl_marlin "won" over auto's marlin by 1.001x, well inside both spreads)
         spreads = [max((t.spread_of(b, M) for t in tuners for M in t.Ms if in_mix(M)), default=0.0)
                    for b in (best, auto)]
         if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:

@@ -40,7 +40,7 @@ def pins_over_default(tactic: Measurement | None, default: Measurement | None) -
     """Whether a tactic's re-measured time beats its backend's default (-1) by more than the
     noise (the larger spread, at least measure.MIN_EFFECT). A tactic timed beside its default
     (measure.duel) is judged against that default, with the spread of the per-round ratios as
-    noise too: two timings taken apart differ by more than either's spread (H200, session 12:
+    noise too: two timings taken apart differ by more than either's spread (on the H200 cuBLAS
     algo 0, the very kernel -1 runs, came out 1-3% faster in three of five pins)."""
     if tactic is None or default is None or not (tactic.ok and default.ok) or tactic.config.get("tactic", -1) == -1:
         return False
@@ -211,8 +211,8 @@ class BackendTuner:
         """backend -> M -> its best correct tactic, re-measured beside its own default (-1) as
         `select` re-measures: what FlashInfer's cache pins for that backend wherever SGLang runs it,
         whichever backend wins the M overall. A tactic wins only by beating -1 beyond the noise
-        (`pins_over_default`): a gain inside it does not carry to another process (H200, session
-        11: a 1.5% pick came out 1.4% slower than -1 in a fresh process), and every pin is a
+        (`pins_over_default`): a gain inside it does not carry to another process (on the H200 a
+        1.5% pick came out 1.4% slower than -1 in a fresh process), and every pin is a
         non-default code path in production for no measurable gain."""
         bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
         plans: dict = {}

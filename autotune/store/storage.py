@@ -173,7 +173,7 @@ def requeue(study, trial, why: str, names) -> None:
     - else the parameters the ask took from the queue, if any (the rest is sampled again);
     - else nothing: the resumed run asks afresh with the same seed (a failed trial is not counted
       as an ask), and samples what the stopped ask would have. Queuing the half it had set made
-      the resumed run sample the other half differently (CI, 2026-12-02: a divergent resume)."""
+      the resumed run sample the other half differently (a resume that diverged from the run it continues)."""
     fail_reason(study, trial.number, why)
     study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
     params = trial.params if set(names) <= set(trial.params) else trial.system_attrs.get("fixed_params")

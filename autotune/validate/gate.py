@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from autotune.measure.timing import quartiles
 
@@ -151,20 +152,36 @@ def _side_sigmas(b: list[float], t: list[float], known: KnownSpread | None) -> t
     return sig["baseline"], sig["tuned"], "; ".join(notes)
 
 
-def compare(point: str, baseline: list[float], tuned: list[float], *, x: int = 0, unit: str = "tok/s",
-            min_effect: float = 0.01, z: float = 2.0, known_spread: KnownSpread | None = None,
-            against: str = "baseline", paired: bool | None = None) -> Comparison:
-    """Compare higher-is-better samples of one point (baseline[i] and tuned[i] from repeat i).
-    `known_spread`: the method's instance-to-instance spread, which a one-run side borrows; `paired`:
-    whether position i of both lists is one repeat (None: where they are as long)."""
-    b = [float(v) for v in baseline]
-    t = [float(v) for v in tuned]
+@dataclass(frozen=True)
+class Sides:
+    """One point's higher-is-better samples: baseline[i] and tuned[i] from repeat i where `paired`
+    (None: where the two lists are as long); `against` names the baseline side ("shipped", ...)."""
+    baseline: Sequence[float]
+    tuned: Sequence[float]
+    against: str = "baseline"
+    paired: bool | None = None
+
+
+@dataclass(frozen=True)
+class Judging:
+    """When a change is beyond noise: never below `min_effect` (relative), else beyond `z` standard
+    errors of the median's noise."""
+    min_effect: float = 0.01
+    z: float = 2.0
+
+
+def compare(point: str, sides: Sides, *, x: int = 0, unit: str = "tok/s", judging: Judging = Judging(),
+            known_spread: KnownSpread | None = None) -> Comparison:
+    """Compare the two sides of one point. `known_spread`: the method's instance-to-instance spread,
+    which a one-run side borrows."""
+    b = [float(v) for v in sides.baseline]
+    t = [float(v) for v in sides.tuned]
     if not b or not t:
         raise ValueError(f"{point}: no runs on {'the baseline' if not b else 'the tuned'} side")
     if any(not (v > 0 and math.isfinite(v)) for v in b + t):
         raise ValueError(f"{point}: throughputs must be positive and finite, got {b} / {t}")
     bm, tm = statistics.median(b), statistics.median(t)
-    paired = len(b) == len(t) if paired is None else (paired and len(b) == len(t))
+    paired = len(b) == len(t) if sides.paired is None else (sides.paired and len(b) == len(t))
     judged = min(len(b), len(t)) >= MIN_RUNS
     ratios = [ti / bi for bi, ti in zip(b, t)] if paired else []
     if paired and judged:
@@ -175,16 +192,16 @@ def compare(point: str, baseline: list[float], tuned: list[float], *, x: int = 0
         ratio = statistics.median(ratios) if paired else tm / bm
         sb, st, noise = _side_sigmas(b, t, known_spread)
         sigma = None if sb is None or st is None else math.hypot(sb, st) * ratio
-        noise = noise or f"each side's own scatter ({len(t)} tuned, {len(b)} {against} runs, unpaired)"
+        noise = noise or f"each side's own scatter ({len(t)} tuned, {len(b)} {sides.against} runs, unpaired)"
     n = min(len(b), len(t))
     se = MEDIAN_SE * sigma / math.sqrt(n) if sigma is not None else 0.0
-    thr = max(min_effect, z * se)
+    thr = max(judging.min_effect, judging.z * se)
     if not judged:
         verdict = NOT_JUDGED
     else:
         verdict = "regression" if ratio < 1 - thr else "gain" if ratio > 1 + thr else "within noise"
     return Comparison(point, x, b, t, unit, bm, tm, spread(b), spread(t), ratio, paired, ratios, sigma, thr,
-                      verdict, noise, against)
+                      verdict, noise, sides.against)
 
 
 def summary(comparisons: list[Comparison], against: str) -> str:
@@ -252,9 +269,8 @@ def gate(comparisons: list[Comparison], allow_regression: bool = False) -> GateR
 
 
 def comparisons_from_runs(runs: list[dict], metric: str = "output_throughput", *, unit: str = "tok/s",
-                          min_effect: float = 0.01, z: float = 2.0,
-                          label=lambda kind, x: f"{kind} {x}", against: str = "baseline",
-                          known_spread=lambda kind: None) -> list[Comparison]:
+                          judging: Judging = Judging(), label=lambda kind, x: f"{kind} {x}",
+                          against: str = "baseline", known_spread=lambda kind: None) -> list[Comparison]:
     """Group run records ({"side", "repeat", "kind", "x", "metrics": {...}}) into one comparison
     per (kind, x), pairing the two sides by repeat; `known_spread(kind)` is that method's
     instance-to-instance spread (a KnownSpread, or None where none is recorded)."""
@@ -272,6 +288,6 @@ def comparisons_from_runs(runs: list[dict], metric: str = "output_throughput", *
         else:             # other repeats on each side: never paired by position (repeat 2 with repeat 3)
             b, t = list(g["baseline"].values()), list(g["tuned"].values())
         if b and t:
-            out.append(compare(label(kind, x), b, t, x=x, unit=unit, min_effect=min_effect, z=z,
-                               known_spread=known_spread(kind), against=against, paired=paired))
+            out.append(compare(label(kind, x), Sides(b, t, against, paired), x=x, unit=unit, judging=judging,
+                               known_spread=known_spread(kind)))
     return out

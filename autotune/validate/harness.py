@@ -150,8 +150,11 @@ class _Layer:
 class DecodeHarness(MoeSides):
     """Weights, the decode step and its timing for one model shape on this device."""
 
+    SEED = 0                    # of the random weights
+    WEIGHT_FRACTION = 0.6       # of the GPU's free memory the distinct expert weight sets may take
+
     def __init__(self, shapes: LayerShapes, device, tuned_dir: str | Path, *, layers: int | None = None,
-                 seed: int = 0, on_cpu: bool = False, weight_fraction: float = 0.6, inner_repeats: int | None = None):
+                 on_cpu: bool = False, inner_repeats: int | None = None):
         import torch
 
         self.layers = layers or default_layers(shapes)
@@ -163,6 +166,7 @@ class DecodeHarness(MoeSides):
         if self.layers % shapes.interval:
             self.notes.append(f"{self.layers} layers is not a multiple of the {shapes.interval}-layer group: "
                               "the step's layer mix differs from the model's")
+        seed = self.SEED
         g = torch.Generator(device=self.dev).manual_seed(seed)
 
         def weight(n, k):
@@ -174,7 +178,7 @@ class DecodeHarness(MoeSides):
         sets = self.layers
         if not on_cpu:
             free, _ = torch.cuda.mem_get_info()
-            sets = max(1, min(self.layers, int(weight_fraction * free // per_layer)))
+            sets = max(1, min(self.layers, int(self.WEIGHT_FRACTION * free // per_layer)))
         self.expert_sets = sets
         if sets < self.layers:
             self.notes.append(f"expert weights: {sets} distinct sets for {self.layers} layers (memory)")
@@ -324,20 +328,36 @@ def header(h: DecodeHarness) -> str:
     return "\n".join(lines)
 
 
-def run_harness(hm: HarnessModel, *, tp: int, device, tuned_dir: str | Path, batch_sizes, repeats: int = 5,
-                layers: int | None = None, dtype: str = "bf16", on_cpu: bool = False, log=print,
-                inner_repeats: int | None = None) -> dict:
+@dataclass(frozen=True)
+class HarnessSettings:
+    """One harness validation: the model's per-rank shapes at `tp` with `dtype` experts, on `device`
+    (`on_cpu`: under Triton's CPU interpreter), default against `tuned_dir`, `repeats` ABBA rounds at
+    each batch size; `layers` timed (None: default_layers), `inner_repeats` replays per timing
+    (None: the family's default)."""
+    tp: int
+    device: object
+    tuned_dir: Path
+    batch_sizes: tuple[int, ...]
+    repeats: int = 5
+    layers: int | None = None
+    dtype: str = "bf16"
+    on_cpu: bool = False
+    inner_repeats: int | None = None
+
+
+def run_harness(hm: HarnessModel, settings: HarnessSettings, log=print) -> dict:
     """Build the harness, check the tuned folder has this model's file, measure. Returns
     {"description", "runs", "configs", "checks", "shapes"}."""
     from autotune.gpus.memory_plan import hold_to_cap
 
-    if not on_cpu:
+    s = settings
+    if not s.on_cpu:
         hold_to_cap()
-    shapes = layer_shapes(hm, tp, dtype)
-    h = DecodeHarness(shapes, device, tuned_dir, layers=layers, on_cpu=on_cpu, inner_repeats=inner_repeats)
+    shapes = layer_shapes(hm, s.tp, s.dtype)
+    h = DecodeHarness(shapes, s.device, s.tuned_dir, layers=s.layers, on_cpu=s.on_cpu, inner_repeats=s.inner_repeats)
     h.require_tuned_file()
     log(header(h))
-    res = h.measure(list(batch_sizes), repeats=repeats, log=log)
+    res = h.measure(list(s.batch_sizes), repeats=s.repeats, log=log)
     res["description"] = h.describe()
     return res
 

@@ -12,7 +12,9 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from autotune.gpus.device import software_versions, utc_now
 from autotune.fileio.writing import (
@@ -203,11 +205,23 @@ def _named_by_record(png: Path) -> bool:
     return isinstance(rec, dict) and "gate" in rec and (rec.get("files") or {}).get("plot") == png.name
 
 
-def write_reports(out_dir: str | Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
-                  intro: list[str], provenance: Path | None = None,
-                  extra_cols: dict[str, dict[str, str]] | None = None, plotter=None) -> dict[str, Path]:
-    """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`;
-    `plotter(path) -> bool` draws the figure instead of the baseline-vs-tuned default."""
+@dataclass(frozen=True)
+class Report:
+    """What report.md and the plot show around the comparisons: the title, the x axis's label, the
+    intro lines, the tuning run's provenance.json whose per-batch tables it repeats, extra table
+    columns (name -> point -> cell) and `plotter(path) -> bool`, which draws the figure instead of
+    the baseline-vs-tuned default."""
+    title: str
+    x_label: str
+    intro: list[str]
+    provenance: Path | None = None
+    extra_cols: dict[str, dict[str, str]] | None = None
+    plotter: Callable[[Path], bool] | None = None
+
+
+def write_reports(out_dir: str | Path, record: dict, comparisons: list[Comparison],
+                  report: Report) -> dict[str, Path]:
+    """validation.json, validation.png (when matplotlib is there) and report.md in `out_dir`."""
     out = Path(out_dir)
     claim_outputs(out, (record.get("settings") or {}).get("runs_sha256"))
     # The three change as one: written beside each other in a staging folder, then moved in; where one
@@ -218,8 +232,7 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
     except OSError as e:
         raise WriteError(f"cannot write into {out}: {e.strerror or e}") from None
     try:
-        staged = _write_staged(stage, out, record, comparisons, title=title, x_label=x_label, intro=intro,
-                               provenance=provenance, extra_cols=extra_cols, plotter=plotter)
+        staged = _write_staged(stage, out, record, comparisons, report)
         for p in staged.values():
             os.replace(p, out / p.name)
     finally:
@@ -227,17 +240,18 @@ def write_reports(out_dir: str | Path, record: dict, comparisons: list[Compariso
     return {k: out / p.name for k, p in staged.items()}
 
 
-def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Comparison], *, title: str, x_label: str,
-                  intro: list[str], provenance: Path | None, extra_cols, plotter) -> dict[str, Path]:
+def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Comparison],
+                  report: Report) -> dict[str, Path]:
     paths = {"json": stage / VALIDATION_JSON, "plot": stage / PLOT_PNG, "md": stage / REPORT_MD}
     unit = comparisons[0].unit if comparisons else "tok/s"
-    has_plot = bool(comparisons) and (plotter(paths["plot"]) if plotter else plot(
-        paths["plot"], comparisons, title=title, x_label=x_label, y_label=f"decode throughput ({unit})"))
+    has_plot = bool(comparisons) and (report.plotter(paths["plot"]) if report.plotter else plot(
+        paths["plot"], comparisons, title=report.title, x_label=report.x_label,
+        y_label=f"decode throughput ({unit})"))
     record = dict(record)
     record["files"] = {"plot": PLOT_PNG if has_plot else None, "report": REPORT_MD}
     write_json(paths["json"], record)
-    md = [f"# Validation: {title}", "", *intro, ""]
-    md += [comparison_table(comparisons, extra_cols), ""]
+    md = [f"# Validation: {report.title}", "", *report.intro, ""]
+    md += [comparison_table(comparisons, report.extra_cols), ""]
     if any("borrowed" in c.noise for c in comparisons):
         md += ["(noise borrowed): a side with one run has no scatter of its own; it takes the larger of the other "
                "side's scatter and the method's known instance-to-instance spread (per point in validation.json, "
@@ -245,9 +259,10 @@ def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Compar
     gate = record.get("gate")
     if gate:
         md += ["**Gate:** " + "  \n".join(gate["lines"]), ""]
-    md += [f"![tokens/s vs {x_label}]({PLOT_PNG})" if has_plot else
+    md += [f"![tokens/s vs {report.x_label}]({PLOT_PNG})" if has_plot else
            "(no plot: matplotlib is not installed; `pip install matplotlib`)", ""]
     md += [f"All runs, commands and versions: [{VALIDATION_JSON}]({VALIDATION_JSON}).", ""]
+    provenance = report.provenance
     if provenance and Path(provenance).is_file():
         tables = tuning_tables(Path(provenance))
         rel = os.path.relpath(provenance, out)

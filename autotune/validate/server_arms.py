@@ -24,7 +24,7 @@ from pathlib import Path
 
 from autotune.fileio.writing import save_figure
 from autotune.validate import BenchmarkError
-from autotune.validate.gate import Comparison, KnownSpread, comparisons_from_runs, relative_sigma
+from autotune.validate.gate import Comparison, Judging, KnownSpread, comparisons_from_runs, relative_sigma
 
 ARMS = ("default", "shipped", "tuned")
 MEASURED_BY = {"one_batch": "bench_one_batch", "server": "server"}
@@ -195,7 +195,7 @@ def comparisons(runs: list[ArmRun], baseline: str, *, min_effect: float = 0.01) 
     records = [{"side": "baseline" if r.arm == baseline else "tuned", "repeat": r.repeat,
                 "kind": (r.mode, r.dtype), "x": b, "metrics": {"tok_s": v["tok_s"]}}
                for r in runs if r.arm in (baseline, "tuned") for b, v in r.per_batch.items()]
-    out = comparisons_from_runs(records, "tok_s", unit="tok/s", min_effect=min_effect, against=baseline,
+    out = comparisons_from_runs(records, "tok_s", unit="tok/s", judging=Judging(min_effect), against=baseline,
                                 label=lambda kind, x: f"{MEASURED_BY[kind[0]]} {kind[1]} vs {baseline}, batch {x}",
                                 known_spread=lambda kind: INSTANCE_SPREAD[kind[0]])
     for c in out:

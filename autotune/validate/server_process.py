@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.validate import BenchmarkError, ServerError
@@ -91,18 +92,26 @@ def _full_env(overrides: dict | None) -> dict:
     return env
 
 
+@dataclass(frozen=True)
+class Lifecycle:
+    """How a server is brought up and down: GET `health_path` every `poll_s` seconds until it answers
+    200 or `health_timeout_s` have passed; `shutdown_grace_s` between SIGTERM to its group and SIGKILL."""
+    health_timeout_s: float = 1800.0
+    poll_s: float = 2.0
+    shutdown_grace_s: float = 30.0
+    health_path: str = "/health_generate"
+
+
 class ServerProcess:
     """A server in its own process group: started, waited on until healthy, always shut down
-    (SIGTERM to the group, SIGKILL after `shutdown_grace_s`), also on Ctrl-C and exceptions."""
+    (SIGTERM to the group, SIGKILL after the lifecycle's grace), also on Ctrl-C and exceptions."""
 
     def __init__(self, argv: list[str], *, port: int, log_path: str | Path, env: dict | None = None,
-                 host: str = LOOPBACK, health_path: str = "/health_generate", health_timeout_s: float = 1800.0,
-                 poll_s: float = 2.0, shutdown_grace_s: float = 30.0, name: str = "SGLang server"):
+                 host: str = LOOPBACK, name: str = "SGLang server", lifecycle: Lifecycle = Lifecycle()):
         self.argv, self.port, self.host = list(argv), port, host
         self.log_path = Path(log_path)
         self.env = env
-        self.health_path = health_path
-        self.health_timeout_s, self.poll_s, self.shutdown_grace_s = health_timeout_s, poll_s, shutdown_grace_s
+        self.lifecycle = lifecycle
         self.name = name
         self.proc: subprocess.Popen | None = None
         self.healthy_after_s: float | None = None
@@ -126,14 +135,15 @@ class ServerProcess:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.base_url + self.health_path, timeout=30) as r:
+            with urllib.request.urlopen(self.base_url + self.lifecycle.health_path, timeout=30) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
     def wait_healthy(self) -> float:
+        life = self.lifecycle
         t0 = time.monotonic()
-        deadline = t0 + self.health_timeout_s
+        deadline = t0 + life.health_timeout_s
         while True:
             rc = self.proc.poll()
             if rc is not None:
@@ -143,16 +153,16 @@ class ServerProcess:
                 self.healthy_after_s = time.monotonic() - t0
                 return self.healthy_after_s
             if time.monotonic() > deadline:
-                raise ServerError(f"{self.name} not healthy after {self.health_timeout_s:.0f} s "
-                                  f"(GET {self.base_url}{self.health_path}); last lines of {self.log_path}:\n"
+                raise ServerError(f"{self.name} not healthy after {life.health_timeout_s:.0f} s "
+                                  f"(GET {self.base_url}{life.health_path}); last lines of {self.log_path}:\n"
                                   f"{_tail(self.log_path)}")
-            time.sleep(self.poll_s)
+            time.sleep(life.poll_s)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         _LIVE.discard(self)
         if proc is not None:
-            _kill_group(proc, self.shutdown_grace_s)
+            _kill_group(proc, self.lifecycle.shutdown_grace_s)
 
     def __enter__(self) -> "ServerProcess":
         self.start()

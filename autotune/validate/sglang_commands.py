@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.validate import PortInUseError
@@ -109,25 +110,35 @@ def prepare_cache_dir(side: str, configs: TunedConfigs | None, cache_dir: Path) 
         shutil.copytree(configs.flashinfer_cache / "flashinfer", cache_dir / "flashinfer")
 
 
-def serving_command(base_url: str, model: ModelDir, concurrency: int, *, input_len: int, output_len: int,
-                    num_prompts: int, warmup_requests: int, output_file: Path, seed: int = 1,
-                    python: str = sys.executable) -> list[str]:
+@dataclass(frozen=True)
+class BenchClient:
+    """What every benchmark command against one server shares: the server's URL, the model folder
+    (its tokenizer), the prompt and output lengths in tokens, and the interpreter that has SGLang."""
+    base_url: str
+    model: ModelDir
+    input_len: int
+    output_len: int
+    python: str = sys.executable
+
+
+def serving_command(client: BenchClient, concurrency: int, *, num_prompts: int, warmup_requests: int,
+                    output_file: Path, seed: int = 1) -> list[str]:
     """`python -m sglang.benchmark.serving`: fixed-length random token ids, at most `concurrency`
     requests in flight, all sent at once (request rate inf), radix cache flushed first."""
-    return [python, "-m", SERVING_MODULE, "--backend", "sglang", "--base-url", base_url,
+    model = client.model
+    return [client.python, "-m", SERVING_MODULE, "--backend", "sglang", "--base-url", client.base_url,
             "--model", str(model.path), "--tokenizer", str(model.path),
-            "--dataset-name", "random-ids", "--random-input-len", str(input_len),
-            "--random-output-len", str(output_len), "--random-range-ratio", "1.0", "--tokenize-prompt",
+            "--dataset-name", "random-ids", "--random-input-len", str(client.input_len),
+            "--random-output-len", str(client.output_len), "--random-range-ratio", "1.0", "--tokenize-prompt",
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
             "--warmup-requests", str(warmup_requests), "--flush-cache", "--seed", str(seed),
             "--output-file", str(output_file), "--disable-tqdm", "--ready-check-timeout-sec", "0"]
 
 
-def one_batch_command(base_url: str, model: ModelDir, *, input_len: int, output_len: int, result_file: Path,
-                      run_name: str, batch_size: int = 1, python: str = sys.executable) -> list[str]:
+def one_batch_command(client: BenchClient, *, result_file: Path, run_name: str, batch_size: int = 1) -> list[str]:
     """`python -m sglang.benchmark.one_batch_server` against the running server: one batch of
     `batch_size` requests (1 = single-request decode), random token ids, its own warm-up."""
-    return [python, "-m", ONE_BATCH_MODULE, "--model-path", str(model.path), "--base-url", base_url,
-            "--batch-size", str(batch_size), "--input-len", str(input_len), "--output-len", str(output_len),
-            "--dataset-name", "random-ids", "--run-name", run_name, "--result-filename", str(result_file),
-            "--no-append-to-github-summary"]
+    return [client.python, "-m", ONE_BATCH_MODULE, "--model-path", str(client.model.path),
+            "--base-url", client.base_url, "--batch-size", str(batch_size), "--input-len", str(client.input_len),
+            "--output-len", str(client.output_len), "--dataset-name", "random-ids", "--run-name", run_name,
+            "--result-filename", str(result_file), "--no-append-to-github-summary"]

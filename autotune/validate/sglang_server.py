@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.validate import BenchmarkError
-from autotune.validate.server_process import ServerProcess, run_logged
+from autotune.validate.server_process import Lifecycle, ServerProcess, run_logged
 from autotune.validate.sglang_commands import (
     LOOPBACK,
     ONE_BATCH_MODULE,
+    BenchClient,
     check_port_free,
     free_port,
     one_batch_command,
@@ -150,17 +151,13 @@ class ServerValidation:
     def commands(self, side: str, repeat: int, port: int) -> list[list[str]]:
         """Every command of one server start (the server first), for the parser check and the record."""
         cmd, _, run_dir = self.server_spec(side, repeat, port)
-        url = f"http://{LOOPBACK}:{port}"
+        client = BenchClient(f"http://{LOOPBACK}:{port}", self.model, self.input_len, self.output_len, self.python)
         out = [cmd]
         if self.one_batch:
-            out.append(one_batch_command(url, self.model, input_len=self.input_len, output_len=self.output_len,
-                                         result_file=run_dir / "one_batch.jsonl", run_name=f"{side}-r{repeat}",
-                                         python=self.python))
+            out.append(one_batch_command(client, result_file=run_dir / "one_batch.jsonl", run_name=f"{side}-r{repeat}"))
         for c in self.concurrencies:
-            out.append(serving_command(url, self.model, c, input_len=self.input_len, output_len=self.output_len,
-                                       num_prompts=self.num_prompts(c), warmup_requests=self.warmup_requests,
-                                       output_file=run_dir / f"serving_c{c}.jsonl", seed=self.seed,
-                                       python=self.python))
+            out.append(serving_command(client, c, num_prompts=self.num_prompts(c), warmup_requests=self.warmup_requests,
+                                       output_file=run_dir / f"serving_c{c}.jsonl", seed=self.seed))
         return out
 
     def check_commands(self) -> dict[str, str]:
@@ -187,8 +184,8 @@ def run_server_validation(v: ServerValidation, log=print) -> dict:
         prepare_cache_dir(side, v.configs, Path(env["SGLANG_CACHE_DIR"]))
         log(f"[{side} r{repeat}] starting SGLang on port {port} ({'tuned files' if side == 'tuned' else 'SGLang defaults'})")
         srv = ServerProcess(server_cmd, port=port, env=env, log_path=run_dir / "server.log",
-                            health_timeout_s=v.health_timeout_s, shutdown_grace_s=v.shutdown_grace_s,
-                            name=f"SGLang server ({side}, repeat {repeat})")
+                            name=f"SGLang server ({side}, repeat {repeat})",
+                            lifecycle=Lifecycle(v.health_timeout_s, shutdown_grace_s=v.shutdown_grace_s))
         with srv:
             log(f"[{side} r{repeat}] healthy after {srv.healthy_after_s:.0f} s")
             servers.append({"side": side, "repeat": repeat, "command": server_cmd,

@@ -140,7 +140,7 @@ class BmmFp8(Runner):
         if self.backend == "cublas":
             # Algo 0 is the one -1 runs: bmm_fp8's default asks cuBLASLt's heuristic, with the same
             # descriptors and workspace preference, for its first algo. Measured apart it only adds
-            # noise to the pin decision (H200, session 12: pinned "1-3% faster", the same in a probe).
+            # noise to the pin decision (on the H200 it was pinned as "1-3% faster" than itself).
             offered = [t for t in offered if t != 0]
         return [-1] + [flashinfer_tuner.tactic_to_json(t) for t in offered]
 

@@ -43,7 +43,7 @@ def smem_estimate(config: dict, problem: Problem, device: DeviceInfo) -> int:
     """Bytes of shared memory the kernel's software pipeline allocates: one A and one B tile
     per buffered stage (+ an 8-byte barrier per stage for TMA loads).
 
-    Calibrated on the H200 against 31k compiles (docs/NOTES.md): it splits out-of-resources
+    Calibrated on the H200 against 31k compiles of the kernel: it splits out-of-resources
     from runnable configs exactly when tiles of 64+ rows, which SM90 runs on wgmma, buffer
     num_stages tiles and smaller tiles (mma.sync) num_stages - 1. SM100 is assumed to buffer
     like SM90 wgmma (the stricter rule) and SM120, which has no wgmma, like mma.sync: both are
