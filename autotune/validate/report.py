@@ -171,13 +171,17 @@ def claim_outputs(out_dir: str | Path, runs_sha256: list[str] | None = None) -> 
 
 # An absolute path in report.md: a path of the machine that wrote it, or of the one that ran the runs it
 # quotes. The report travels (publish commits it into a serving repo): each keeps its last parts only.
-_ABSOLUTE = re.compile(r"(?:(?<=:///)|(?<![\w:/.~\\…-]))/[^\s`'\"()\[\]<>|*]+")
+# A path ends at '=' as at a space (`--out=/abs/x` names a path after the flag). A path already shortened
+# ('…/' and its parts) is one token, left as it is: shortening twice changes nothing.
+_ABSOLUTE = re.compile(r"(…/[^\s`'\"()\[\]<>|*=]*)|(?:(?<=:///)|(?<![\w:/.~\\…-]))/[^\s`'\"()\[\]<>|*=]+")
 KEPT_PARTS = 4
 
 
 def portable(text: str) -> tuple[str, bool]:
     """`text` with every absolute path shortened to '…/' and its last KEPT_PARTS parts; whether any was."""
     def short(m: re.Match) -> str:
+        if m.group(1) is not None:
+            return m.group(0)
         parts = [p for p in m.group(0).split("/") if p]
         return "…/" + "/".join(parts[-KEPT_PARTS:]) if parts else m.group(0)
     out = _ABSOLUTE.sub(short, text)
