@@ -109,3 +109,13 @@ def test_the_images_recorded_stack_is_the_tested_one_and_its_own_pins():
     assert {names[a]: v for a, v in args.items() if freeze.get(names[a]) != v} == {}
     differ = {n: (v, freeze[n]) for n, v in lock.items() if n in freeze and freeze[n] != v}
     assert set(differ) == left_out, (differ, left_out)
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+    """pyproject.toml names the packages the wheel (and the image's install) carries: a new folder of
+    autotune/ left out of it would import in a checkout and be missing where the tool is installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "autotune").rglob("__init__.py")}
+    assert listed == on_disk | {"autotune", "autotune.search_spaces"}
