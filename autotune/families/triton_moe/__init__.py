@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from autotune.search import spaces
 from autotune.gpus.device import DeviceInfo
 from autotune.problems.models import Problem
+from autotune.families.registry import CONFIGS, MOE
 from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
@@ -83,6 +84,8 @@ class MoeInputs:
 
 class TritonMoe:
     name = "triton_moe"
+    # its declaration (autotune.families.registry)
+    step, problems, options, order = CONFIGS, MOE, ("space_path", "sglang_versions"), 0
     gemms = GEMMS
 
     def __init__(self, space_path: str | None = None, sglang_versions: tuple[str, ...] = ()):
@@ -443,6 +446,9 @@ class TritonMoe:
             return q.view(A.shape[0], cols)[:, : A.shape[1]]
         s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
         return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+FAMILY = TritonMoe
 
 
 def _weight_bytes(p: Problem) -> int:
