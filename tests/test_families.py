@@ -180,3 +180,16 @@ def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_pa
     (problem,) = json.loads((tmp_path / "summary.json").read_text())["toy_moe"]
     assert problem["problem"] == p.key and sorted(problem["files"]) == sorted(
         str(f) for f in (up_file, up_file.with_name(up_file.stem + "_down.json")))
+
+
+def test_only_the_fused_moe_family_names_its_keys_and_its_name():
+    """The search, the measuring, the store and the pipeline take a config family's rules from its hooks
+    (coupled parameter, key order, selection, export) and the family to work on from the registry: outside
+    the Triton fused-MoE family's package, no module (comments included) names its tile key or the family."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "autotune"
+    package = root / "families" / "triton_moe"
+    named = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if package not in path.parents
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "BLOCK_SIZE_M" in line or '"triton_moe"' in line]
+    assert len(list(package.glob("*.py"))) > 3 and named == []

@@ -41,7 +41,7 @@ PLANTED = {
                        "buffer_held_a_right_answer",
                        "tests/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
                        "one_filled_its_buffer"]),
-    "keep-faster inverted": ("autotune/export/sglang.py", 'old["tuned_us"] < round(new.total_us, 3)',
+    "keep-faster inverted": ("autotune/families/triton_moe/export.py", 'old["tuned_us"] < round(new.total_us, 3)',
                              'old["tuned_us"] > round(new.total_us, 3)', KEEP_FASTER),
     "within-noise inverted": ("autotune/search/server_choice.py", "if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:",
                               "if eligible[best] * (1 + noise(*spreads)) < eligible[auto]:", WITHIN_NOISE),

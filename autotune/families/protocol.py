@@ -59,6 +59,17 @@ class KernelFamily(Protocol):
         """Optional: the GPU memory of the work the run's own process does for `problem` (the Triton MoE
         family's layer check), counted in the plan beside the workers'."""
 
+    # A config search's family (registry.CONFIGS) also carries the rules of its files, which the search,
+    # the measuring and the store never name (autotune.families.triton_moe.files.SglangMoeFiles has them):
+    #   coupled          the parameter every GEMM of one problem must share (None: none); the search pins it
+    #                    to the other GEMM's best now and then (autotune.search.policy)
+    #   config_order     its config keys in the order its files write them; config_switches: the keys
+    #                    written only when on (autotune.families.registry.key_order)
+    #   select(tuner, top, careful_repeats) -> {M: Choice}: per M, its finalists re-measured, the winner
+    #   export_targets(out, device, problems, sku_names): every file export would write, checked before
+    #                    anything is measured
+    #   export(out, device, problem, choices, run_info) -> {"files", "kept", "missing"}: its files written
+
     # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
     # place of the wall clock (which says nothing about speed there): a family whose launches declare
     # their cost (the tests' fakes) is timed by the declaration, not by a loaded machine's scheduler.

@@ -24,7 +24,7 @@ Where families are found:
   (importlib.metadata), e.g. in its pyproject.toml: [project.entry-points."autotune.families"] toy = "toy".
 Everything else derives from the declarations: the --kernels names and order, the capability table's flags
 and runner packages, plan's problems per family, the options each family is built with, the step that
-runs it.
+runs it, the key order of the configs the records write.
 """
 from __future__ import annotations
 
@@ -153,3 +153,19 @@ def default(step: str = CONFIGS) -> str:
 def with_flag(flag: str) -> tuple[str, ...]:
     """The families whose choice goes to SGLang's `flag` (moe-runner-backend: one per expert dtype)."""
     return tuple(n for n, f in families().items() if f.flag == flag)
+
+
+def key_order() -> tuple[tuple[str, ...], frozenset]:
+    """(config keys in the order the families declare them, the keys that are switches): how the records
+    write a config (autotune.measure.records.canonical). Each family's `config_order` and `config_switches`,
+    the first family's first."""
+    global _keys
+    table = families()
+    if _keys[0] is not table:
+        order = dict.fromkeys(k for f in table.values() for k in getattr(f.cls, "config_order", ()))
+        switches = frozenset(k for f in table.values() for k in getattr(f.cls, "config_switches", ()))
+        _keys = (table, (tuple(order), switches))
+    return _keys[1]
+
+
+_keys: tuple = (None, ((), frozenset()))     # (the families they were read from, key_order())

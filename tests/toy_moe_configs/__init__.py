@@ -3,10 +3,12 @@ protocol object, which declares it), named in the entry-point group autotune.fam
 (tests/test_families.py makes that entry point). It tunes SGLang's fused-MoE config keys over a
 space of its own for one expert's GEMMs in plain torch on the CPU: the product is taken in
 BLOCK_SIZE_K-wide slices of K and BLOCK_SIZE_M-high slices of the rows, so the config decides the
-time as a kernel's tiles would, and every config computes the same numbers."""
+time as a kernel's tiles would, and every config computes the same numbers. Its files are SGLang's
+fused-MoE files, so it takes their rules (coupling, selection, export) from the family that writes them."""
 from dataclasses import dataclass
 
 from autotune.families.registry import CONFIGS, MOE
+from autotune.families.triton_moe.files import SglangMoeFiles
 from autotune.search.spaces import Space
 
 GEMMS = ("gate_up", "down")
@@ -23,7 +25,7 @@ class ToyInputs:
     w: object
 
 
-class ToyMoeConfigs:
+class ToyMoeConfigs(SglangMoeFiles):
     name, step, problems, dtype, options = "toy_moe", CONFIGS, MOE, "bf16", ("sglang_versions",)
     gemms = GEMMS
 

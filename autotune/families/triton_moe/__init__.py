@@ -14,7 +14,9 @@ from autotune.search import spaces
 from autotune.gpus.device import DeviceInfo
 from autotune.problems.models import Problem
 from autotune.families.registry import CONFIGS, MOE
+from autotune.families.triton_moe.files import SglangMoeFiles
 from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size
+from autotune.families.triton_moe.tma import tma_capable
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
@@ -22,20 +24,6 @@ FP8_MAX = 448.0  # float8_e4m3fn
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
-
-
-def tma_supported() -> bool:
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
-def tma_capable(device: DeviceInfo) -> bool:
-    """Whether SGLang's TMA paths run on `device`: SM90 or later, a GPU (not Triton's interpreter), and
-    a Triton with tensor descriptors there (recorded as versions["triton_tma"])."""
-    return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
 
 
 # --- the family --------------------------------------------------------------------------------
@@ -82,9 +70,9 @@ class MoeInputs:
     _ref: object = None
 
 
-class TritonMoe:
+class TritonMoe(SglangMoeFiles):
     name = "triton_moe"
-    # its declaration (autotune.families.registry)
+    # its declaration (autotune.families.registry); its files' rules are SglangMoeFiles'
     step, problems, options, order = CONFIGS, MOE, ("space_path", "sglang_versions"), 0
     gemms = GEMMS
 
