@@ -223,10 +223,9 @@ def _raise_incomplete(summary: dict) -> None:
 def check_for_kernels(req: RunRequest, kernels: list[str]) -> None:
     """The settings of one family need it among the run's kernels: without it they were ignored in
     silence (a search space never read, server_args.yaml naming another family's runner)."""
-    from autotune.search.warm_start import FAMILY       # the family a warm start and --only-drifted re-tune
-
+    retuned = registry.default()       # the family a warm start and --only-drifted re-tune
     readers = {"--search-space": [n for n in registry.names() if "space_path" in registry.get(n).options],
-               "--warm-start": [FAMILY], "--only-drifted": [FAMILY]}
+               "--warm-start": [retuned], "--only-drifted": [retuned]}
     for flag, value in (("--search-space", req.search_space), ("--warm-start", req.warm_start),
                         ("--only-drifted", req.only_drifted)):
         if value is not None and not set(readers[flag]) & set(kernels):

@@ -12,6 +12,11 @@ class UsageError(Exception):
     """Bad input: one line on stderr, exit code 2."""
 
 
+class ExportError(ValueError):
+    """A family's files cannot be written where asked: a folder holding results measured another way, a file
+    changed by hand (said before anything is measured, as bad input), a merge a target release cannot run."""
+
+
 class NothingDone(Exception):
     """The run went through and nothing useful came of it (no backend ran correctly anywhere): one line
     on stderr, exit code 1, and no file written for it (exit 0 means something useful was written)."""

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from autotune.errors import UsageError
+from autotune.families import registry
 from autotune.run.common import problems, shared_notes
 
 
@@ -22,7 +23,7 @@ def shapes(sel, target_sm=None) -> list[str]:
     from autotune.families.protocol import get_family
 
     exp = problems(sel)
-    fam = get_family("triton_moe", space_path=sel.search_space)
+    fam = get_family(registry.default(), space_path=sel.search_space)
     targets = [devmod.planned(sm) for sm in (target_sm or [])]
     lines.append(f"{len(exp.problems)} fused-MoE problems; batch sizes {','.join(map(str, exp.problems[0].batch_sizes))}"
           if exp.problems else "no problems")
@@ -139,7 +140,7 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: Triton's interpreter compiles nothing; unset it for compile-limits")
     exp = problems(sel)
-    fam = get_family("triton_moe", space_path=sel.search_space)
+    fam = get_family(registry.default(), space_path=sel.search_space)
     path = record(target_sm, [p for p in exp.problems if fam.unsupported_reason(p, devmod.planned(target_sm))
                                    is None], fam, Path(out) if out else None)
     lines.append(f"wrote {path}")

@@ -31,6 +31,7 @@ def one(args):
     from autotune.measure.replay import ReplayPool
     from autotune.families.triton_moe.pairs import candidate_pairs
     from autotune.search.study import TuneSettings
+    from autotune.families.triton_moe import TritonMoe
     from autotune.search.warm_start import load
 
     log = []                                   # (device seconds so far, measurement) in answer order
@@ -40,7 +41,7 @@ def one(args):
             super().submit(task)
             for m in self._done[-1][2]:
                 log.append((self.charged_s, m))
-    settings = TuneSettings(trials=trials, seed=seed, warm_start=load(str(SOURCE)) if warm else None)
+    settings = TuneSettings(trials=trials, seed=seed, warm_start=load(str(SOURCE), TritonMoe) if warm else None)
     tuner, pool, cache, pk = replayed_tuner(settings, Logged)
     problem = tuner.problem
     tuner.measure_baselines()

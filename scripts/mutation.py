@@ -36,7 +36,7 @@ JUDGED = ("killed", "survived", "timeout")       # a mutant some quick test ran;
 # choice.py only the selection and the tactic pin. Its tuner's storage and task plumbing is reached
 # only by whole replayed runs, seconds for each of its hundreds of mutants.
 MUTANTS = ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*", "autotune.search.finalists.*", "autotune.search.server_choice.*",
-           "autotune.validate.gate.*", "autotune.export.sglang.*", "autotune.search.sieve.x_pins_over_default_*",
+           "autotune.validate.gate.*", "autotune.families.triton_moe.export.*", "autotune.search.sieve.x_pins_over_default_*",
            *(f"autotune.search.sieve.xǁBackendTunerǁ{f}_*" for f in ("select", "tactic_choices", "_choose", "disqualified",
                                                               "disqualified_tactics", "_failures")))
 

@@ -166,7 +166,8 @@ def test_sglangs_loader_reads_each_file(tmp_path):
     import shutil
 
     from autotune.folder.check import read_provenance
-    from autotune.folder.config_files import file_problems, sglang_loads
+    from autotune.families.triton_moe.schema import sglang_loads
+    from autotune.folder.config_files import file_problems
 
     folder = tmp_path / "NVIDIA_H200"
     shutil.copytree(FOLDER, folder)

@@ -10,7 +10,7 @@ spec.loader.exec_module(compare_to_grid)
 
 
 def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h200, qwen397_bf16, capsys):
-    from autotune.export.sglang import config_dir, export_problem
+    from autotune.families.triton_moe.export import config_dir, export_problem
     from autotune.search.finalists import Choice
 
     (pk, _), = grid_cache.problems.items()

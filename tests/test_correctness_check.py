@@ -44,7 +44,7 @@ INTERPRETER = 1e-4       # triton_moe under Triton's CPU interpreter: float32 th
 def cases() -> list[tuple[str, str]]:
     """Every (family, dtype) a run can check: the registry's, so a new family needs a pinned tolerance."""
     out = []
-    for name, fam in registry.REGISTRY.items():
+    for name, fam in registry.families().items():
         out += [(name, d) for d in ((fam.dtype,) if fam.dtype else TRITON_DTYPES)]
     return out
 
@@ -64,7 +64,7 @@ def _family_of(row: dict, problems: dict) -> str:
         return "triton_moe"
     p = problems[row["problem"]]
     kind = registry.DENSE if p.get("kind") == "gemm" else registry.MOE
-    (name,) = [n for n, f in registry.REGISTRY.items()
+    (name,) = [n for n, f in registry.families().items()
                if f.step == registry.BACKENDS and f.problems == kind and f.dtype == p["dtype"]]
     return name
 

@@ -1,7 +1,9 @@
-"""Each kernel family is declared once (autotune/families/registry.py), and a new one is one package plus one
-registry entry: the toy backend family of tests/toy_gemm/ is measured on this CPU by the measuring
-code a worker runs, and its recording replayed by `autotune run --kernels toy_gemm`, end to end,
-with nothing else of autotune/ told about it."""
+"""Each kernel family is declared once, by its own class, and found where it is declared
+(autotune/families/registry.py): a new one is one package, installed beside autotune, that names itself in
+the entry-point group autotune.families. The toy backend family of tests/toy_gemm/ and the toy config
+family of tests/toy_moe_configs/ are each plugged in so (a distribution's metadata on sys.path, as pip
+installs one), measured on this CPU by the measuring code a worker runs, and their recordings replayed by
+`autotune run --kernels <toy>`, end to end, with nothing else of autotune/ told about them."""
 import json
 
 import pytest
@@ -13,9 +15,17 @@ from autotune.families.protocol import get_family
 from autotune.measure.timing import noise
 from autotune.measure.records import Cache, write_cache
 
-TOY = registry.Family("toy_gemm", "tests.toy_gemm:ToyGemm", registry.BACKENDS, registry.DENSE, "fp8_w8a8_block",
-                      "fp8-gemm-backend", "FP8_GEMM_RUNNER_BACKEND_CHOICES", "tests.toy_gemm", ("skip",))
 SCOPE = ["--model", "qwen3.5-35b-a3b", "--tp", "8", "--batch-sizes", "1,8"]
+
+
+def plug_in(monkeypatch, site, **packages):
+    """A distribution whose entry points name `packages` (entry-point name -> package) in the group
+    autotune.families, put on sys.path: what `pip install` of a plugin leaves."""
+    dist = site / "autotune_toy_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: autotune-toy-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[autotune.families]\n" + "".join(f"{n} = {p}\n" for n, p in packages.items()))
+    monkeypatch.syspath_prepend(str(site))
 
 
 def record_on_this_cpu(path):
@@ -26,26 +36,27 @@ def record_on_this_cpu(path):
     from autotune.measure.measurer import Measurer
     from autotune.measure.tasks import Settings, Task
 
-    fam = get_family("toy_gemm")
-    measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
+    measurer = Measurer(Settings(family="toy_gemm", on_cpu=True, routings=1, repeats=3), None)
     (model,) = models.select_models(model="qwen3.5-35b-a3b")
-    problems = {p.key: p for p in models.dense_gemms(model, 8, TOY.dtype, (1, 8))}
+    problems = {p.key: p for p in models.dense_gemms(model, 8, registry.get("toy_gemm").dtype, (1, 8))}
     cache = Cache(cpu_interpreter().to_dict())
     for p in problems.values():
         cache.problems[p.key] = p.to_dict()
         for b in (r.name for r in capabilities.runners("toy_gemm")):
             for M in p.batch_sizes:
                 for careful in (False, True):
-                    task = Task(p.to_dict(), p.key, "layer", {"backend": b, "tactic": -1}, [M], family=fam.spec,
+                    task = Task(p.to_dict(), p.key, "layer", {"backend": b, "tactic": -1}, [M], family="toy_gemm",
                                 repeats=21 if careful else None)
                     cache.add(measurer.measure(task, p, M)[0], careful=careful)
     write_cache(path, cache)
     return cache, problems
 
 
-def test_a_toy_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, capsys):
-    with registry.plugged(TOY):
-        assert "toy_gemm" in registry.names() and [r.name for r in capabilities.runners("toy_gemm")] == \
+def test_a_toy_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
+    assert "toy_gemm" not in registry.names()
+    with monkeypatch.context() as plugged:
+        plug_in(plugged, tmp_path / "site", toy_gemm="tests.toy_gemm")
+        assert registry.names()[-1] == "toy_gemm" and [r.name for r in capabilities.runners("toy_gemm")] == \
             ["chunked", "doubled", "plain"]        # its package's modules, found by the capability table
         cache, problems = record_on_this_cpu(tmp_path / "toy.jsonl.gz")
         capsys.readouterr()
@@ -75,27 +86,40 @@ def test_a_toy_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, 
 
 
 def test_the_registry_is_where_the_pipeline_reads_each_family():
-    """What used to be declared in several places derives from the one entry: the kernel object's
-    name, the runners' family and package, the MoE families' dtype, the flags SGLang is asked about."""
+    """Each family's declaration is its own class's, found in its package: the kernel object's name, the
+    runners' family and package, the MoE families' dtype, the flags SGLang is asked about; the run's order
+    puts the config search first (the MoE runners run with the configs it wrote)."""
     from sglang.srt.arg_groups import choices
 
-    for name, spec in registry.REGISTRY.items():
+    assert registry.names() == ("triton_moe", "moe_bf16", "moe_fp8", "moe_fp4", "fp8_gemm", "fp4_gemm")
+    assert registry.default() == "triton_moe" and registry.names(registry.CONFIGS) == ("triton_moe",)
+    for name, spec in registry.families().items():
         fam = get_family(name)
-        assert fam.name == name
+        assert fam.name == name and type(fam) is spec.cls
         if spec.step == registry.BACKENDS:
             assert {r.family for r in capabilities.runners(name)} == {name}
+            assert spec.runners == type(fam).__module__            # the package that declares it
             offered = getattr(choices, spec.sglang_choices)
             assert all(r.sglang_value in offered for r in capabilities.runners(name) if r.sglang_value), name
         if spec.problems == registry.MOE and spec.dtype:
             assert fam.dtype == spec.dtype
     assert registry.with_flag("moe-runner-backend") == ("moe_bf16", "moe_fp8", "moe_fp4")
-    with pytest.raises(ValueError, match="registered already"):
-        with registry.plugged(registry.get("fp8_gemm")):
-            pass
 
 
-TOY_CONFIGS = registry.Family("toy_moe", "tests.toy_moe_configs:ToyMoeConfigs", registry.CONFIGS, registry.MOE,
-                              "bf16", options=("sglang_versions",))
+@pytest.mark.parametrize("package, says", [
+    ("autotune.families.fp8_gemm", "declares kernel family 'fp8_gemm', which autotune.families.fp8_gemm declares "
+                                   "already"),
+    ("tests.no_such_family", "does not load: ModuleNotFoundError"),
+    ("tests.toy_gemm.plain", "declares no kernel family"),
+])
+def test_a_plugin_that_declares_no_family_or_a_taken_name_is_one_line(tmp_path, capsys, monkeypatch, package, says):
+    """Bad input from an installed plugin: the command says which entry point and why, and exits 2."""
+    plug_in(monkeypatch, tmp_path / "site", broken=package)
+    with pytest.raises(registry.FamilyError, match=says):
+        registry.names()
+    assert main(["run", "--kernels", "triton_moe", "--dry-run", *SCOPE]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autotune: error: ") and "autotune.families entry point" in err
 
 
 def record_configs_on_this_cpu(path):
@@ -107,8 +131,7 @@ def record_configs_on_this_cpu(path):
     from tests.toy_moe_configs import GEMMS, SPACE
     from autotune.families.spaces import Space
 
-    fam = get_family("toy_moe")
-    measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
+    measurer = Measurer(Settings(family="toy_moe", on_cpu=True, routings=1, repeats=3), None)
     (model,) = models.select_models(model="qwen3.5-35b-a3b")
     (p,) = models.expand([model], (8,), (1,), ("bf16",), (1, 8)).problems
     cache = Cache(cpu_interpreter().to_dict())
@@ -117,7 +140,7 @@ def record_configs_on_this_cpu(path):
         for cfg in Space("toy_moe", SPACE).configs():
             for M in p.batch_sizes:
                 for careful in (False, True):
-                    task = Task(p.to_dict(), p.key, gemm, cfg, [M], family=fam.spec, repeats=5 if careful else None)
+                    task = Task(p.to_dict(), p.key, gemm, cfg, [M], family="toy_moe", repeats=5 if careful else None)
                     m = measurer.measure(task, p, M)[0]
                     assert m.ok, m.reason
                     cache.add(m, careful=careful)
@@ -125,11 +148,13 @@ def record_configs_on_this_cpu(path):
     return cache, p
 
 
-def test_a_toy_config_family_is_one_package_and_one_entry_and_runs_in_replay(tmp_path, capsys):
+def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
     from autotune.families.spaces import Space
     from tests.toy_moe_configs import DEFAULT, SPACE
 
-    with registry.plugged(TOY_CONFIGS):
+    with monkeypatch.context() as plugged:
+        plug_in(plugged, tmp_path / "site", toy_moe="tests.toy_moe_configs")
+        assert registry.names(registry.CONFIGS) == ("triton_moe", "toy_moe")
         cache, p = record_configs_on_this_cpu(tmp_path / "toy.jsonl.gz")
         capsys.readouterr()
         rc = main(["run", "--kernels", "toy_moe", "--replay", str(tmp_path / "toy.jsonl.gz"), *SCOPE,
@@ -155,3 +180,16 @@ def test_a_toy_config_family_is_one_package_and_one_entry_and_runs_in_replay(tmp
     (problem,) = json.loads((tmp_path / "summary.json").read_text())["toy_moe"]
     assert problem["problem"] == p.key and sorted(problem["files"]) == sorted(
         str(f) for f in (up_file, up_file.with_name(up_file.stem + "_down.json")))
+
+
+def test_only_the_fused_moe_family_names_its_keys_and_its_name():
+    """The search, the measuring, the store and the pipeline take a config family's rules from its hooks
+    (coupled parameter, key order, selection, export) and the family to work on from the registry: outside
+    the Triton fused-MoE family's package, no module (comments included) names its tile key or the family."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "autotune"
+    package = root / "families" / "triton_moe"
+    named = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if package not in path.parents
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "BLOCK_SIZE_M" in line or '"triton_moe"' in line]
+    assert len(list(package.glob("*.py"))) > 3 and named == []

@@ -80,7 +80,7 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
     folder) compared the rounded-down stored time against the exact new one and said "existing
     67.87 us beats new 67.87 us"; a new entry 0.001 us slower as stored is still beaten."""
     from autotune.gpus.device import DeviceInfo
-    from autotune.export.sglang import export_problem
+    from autotune.families.triton_moe.export import export_problem
     from autotune.search.finalists import Choice
     from autotune.problems.models import Problem
 

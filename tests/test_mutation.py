@@ -34,14 +34,14 @@ PLANTED = {
     "bf16 Triton tolerance 10x looser": ("autotune/families/triton_moe/__init__.py", '"bf16": 1e-2,', '"bf16": 1e-1,',
                                          PINNED),
     "bf16 MoE runners' tolerance 10x tighter": ("autotune/families/moe_backends/__init__.py",
-                                                '    name = "moe_bf16"\n    tol = 0.02\n',
-                                                '    name = "moe_bf16"\n    tol = 0.002\n', PINNED),
+                                                '"moe_bf16", "bf16", 10\n    tol = 0.02\n',
+                                                '"moe_bf16", "bf16", 10\n    tol = 0.002\n', PINNED),
     "no NaN poison": ("autotune/measure/measurer.py", 'inputs.C.fill_(float("nan"))', "pass",
                       ["tests/test_correctness_check.py::test_an_output_the_launch_did_not_write_fails_though_its_"
                        "buffer_held_a_right_answer",
                        "tests/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
                        "one_filled_its_buffer"]),
-    "keep-faster inverted": ("autotune/export/sglang.py", 'old["tuned_us"] < round(new.total_us, 3)',
+    "keep-faster inverted": ("autotune/families/triton_moe/export.py", 'old["tuned_us"] < round(new.total_us, 3)',
                              'old["tuned_us"] > round(new.total_us, 3)', KEEP_FASTER),
     "within-noise inverted": ("autotune/search/server_choice.py", "if eligible[best] * (1 + noise(*spreads)) >= eligible[auto]:",
                               "if eligible[best] * (1 + noise(*spreads)) < eligible[auto]:", WITHIN_NOISE),

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.gpus.device import DeviceInfo
-from autotune.export.sglang import export_problem
+from autotune.families.triton_moe.export import export_problem
 from autotune.problems.models import Problem
 from autotune.search.finalists import Choice
 

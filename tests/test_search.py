@@ -82,10 +82,11 @@ def test_a_study_read_in_optunas_dashboard_shows_tile_sizes(grid_cache):
 def test_a_warm_start_begins_each_study_with_another_studys_best_configs(grid_cache):
     """Warm start from the H200 block-FP8 run (another dtype of the shape): each bf16 study's
     first asks are that run's fastest configs at the nearest M, where bf16's rules admit them."""
+    from autotune.families.triton_moe import TritonMoe
     from autotune.search.warm_start import fit, load
     from tests.conftest import ROOT
 
-    warm = load(str(ROOT / "benchmarks/data/h200_run_fp8_block_2026-12-01.jsonl.gz"))
+    warm = load(str(ROOT / "benchmarks/data/h200_run_fp8_block_2026-12-01.jsonl.gz"), TritonMoe)
     t, _ = _tuner(grid_cache, trials=4, seed=1, warm_start=warm)
     t.measure_baselines()
     t.search()
@@ -101,11 +102,12 @@ def test_a_warm_start_begins_each_study_with_another_studys_best_configs(grid_ca
 
 
 def test_a_warm_start_source_of_another_family_is_refused():
+    from autotune.families.triton_moe import TritonMoe
     from autotune.search.warm_start import WarmStartError, load
     from tests.conftest import ROOT
 
     with pytest.raises(WarmStartError, match="holds no triton_moe measurements"):
-        load(str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"))
+        load(str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"), TritonMoe)
 
 
 def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, tmp_path):
@@ -157,7 +159,8 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
     import json
     import random
 
-    from autotune.measure.records import CONFIG_ORDER, canonical, config_key
+    from autotune.families.triton_moe.schema import CONFIG_ORDER
+    from autotune.measure.records import canonical, config_key
 
     rng = random.Random(0)
     configs = [{"backend": "flashinfer_cudnn", "tactic": [7, [[12, 41]]]}, {"backend": "triton", "tactic": -1}, {},
@@ -168,6 +171,10 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
         configs.append({k: rng.choice([True, False, 0, 1, 16, 256, -3]) for k in keys})
     for c in configs:
         assert config_key(c) == json.dumps(canonical(c), separators=(",", ":")), c
+    # the key order is the one its family declares (SGLang's, in the files it reads), switches only when on
+    shuffled = dict(reversed([(k, 1) for k in CONFIG_ORDER]), zeta=0, alpha=0)
+    assert list(canonical(shuffled)) == [*CONFIG_ORDER, "alpha", "zeta"]
+    assert list(canonical({**shuffled, "USE_TMA": False})) == [*CONFIG_ORDER[:-1], "alpha", "zeta"]
 
 
 class _Stopped(BaseException):

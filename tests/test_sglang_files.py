@@ -4,7 +4,7 @@ import json
 import pytest
 
 from autotune.gpus.device import DeviceInfo
-from autotune.export.sglang import config_dir, export_problem
+from autotune.families.triton_moe.export import config_dir, export_problem
 from autotune.adapters.sglang_loader import sglang_file_name, sglang_selection
 from autotune.families.triton_moe import TritonMoe
 from autotune.problems.models import Problem
@@ -121,7 +121,7 @@ def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
 
 
 def test_replay_results_are_never_mixed_into_gpu_measured_files(tmp_path, rtx):
-    from autotune.export.sglang import ExportError
+    from autotune.families.triton_moe.export import ExportError
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
     export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0)}, {})
@@ -193,7 +193,7 @@ def test_an_existing_entry_the_target_releases_cannot_run_is_never_kept(tmp_path
                                          ('{"1": {"BLOCK_SIZE_M": "x"}, "8": {"BLOCK_SIZE_M": "x"}}', "M=1")])
 def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_only_under_force(tmp_path, rtx,
                                                                                                  broken, why):
-    from autotune.export.sglang import ExportError
+    from autotune.families.triton_moe.export import ExportError
     from autotune.fileio.writing import forcing
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
@@ -211,7 +211,7 @@ def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_o
 
 
 def test_a_merge_that_would_not_run_in_a_target_release_writes_nothing(tmp_path, rtx):
-    from autotune.export.sglang import ExportError
+    from autotune.families.triton_moe.export import ExportError
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
     with pytest.raises(ExportError, match=r"would not run in SGLang 0.5.16, 0.5.17; nothing written"):
@@ -233,7 +233,7 @@ def test_a_down_file_gone_since_the_last_export_drops_its_pairs_and_a_tma_down_e
 
 
 def test_a_hand_edited_file_is_not_merged_into_and_the_ms_left_without_an_entry_are_named(tmp_path, rtx):
-    from autotune.export.sglang import ExportError
+    from autotune.families.triton_moe.export import ExportError
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8, 64))
     summary = export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})

@@ -98,7 +98,7 @@ def _main(argv) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-    except BadInput as e:
+    except (BadInput, UsageError) as e:          # UsageError: a kernel family's package declares it wrongly
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     why = cache_folders_problem() or _memory_cap_problem()

@@ -34,7 +34,7 @@ def broken_copies(device_folder: str | Path) -> list[str]:
     """Earlier overlay copies changed since and no longer a file SGLang's loader takes (emptied, cut
     short): the folder would crash the server that reads it, and a copy changed by hand is not ours to
     replace, so the run says so before measuring (under --force it copies the file again)."""
-    from autotune.folder.config_files import schema_problem
+    from autotune.families.triton_moe.schema import schema_problem
 
     folder = Path(device_folder)
     overlay = (read_folder_provenance(folder) or {}).get(OVERLAY) or {}
@@ -65,7 +65,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
     writes into provenance.json."""
     from autotune.adapters.sglang_loader import builtin_config_dir
-    from autotune.families.triton_moe import tma_capable
+    from autotune.families.triton_moe.tma import tma_capable
     from autotune.adapters.sglang_versions import installed
 
     folder = Path(device_folder)

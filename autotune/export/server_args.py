@@ -36,7 +36,7 @@ MOE_FLAG = "moe-runner-backend"
 
 def flag_of(family: str) -> str:
     """The SGLang flag a family's choice goes to (a family this release does not know: its name)."""
-    spec = registry.REGISTRY.get(family)
+    spec = registry.families().get(family)
     return spec.flag if spec is not None and spec.flag else family
 
 

@@ -10,6 +10,7 @@ Each concrete family supplies its problems' inputs, the float32 reference and th
 from __future__ import annotations
 
 from autotune.families import capabilities as table
+from autotune.families.registry import BACKENDS
 from autotune.gpus.device import DeviceInfo
 from autotune.families.spaces import Space
 
@@ -18,6 +19,7 @@ LAYER = "layer"   # these families have one "GEMM" per problem: the whole call
 
 class BackendFamily:
     name = ""
+    step = BACKENDS       # its declaration (autotune.families.registry): the rest is each family's
     gemms = (LAYER,)
 
     def __init__(self, skip: tuple = ()):

@@ -59,18 +59,28 @@ class KernelFamily(Protocol):
         """Optional: the GPU memory of the work the run's own process does for `problem` (the Triton MoE
         family's layer check), counted in the plan beside the workers'."""
 
+    # A config search's family (registry.CONFIGS) also carries the rules of its files, which the search,
+    # the measuring and the store never name (autotune.families.triton_moe.files.SglangMoeFiles has them):
+    #   coupled          the parameter every GEMM of one problem must share (None: none); the search pins it
+    #                    to the other GEMM's best now and then (autotune.search.policy)
+    #   config_order     its config keys in the order its files write them; config_switches: the keys
+    #                    written only when on (autotune.families.registry.key_order)
+    #   select(tuner, top, careful_repeats) -> {M: Choice}: per M, its finalists re-measured, the winner
+    #   export_targets(out, device, problems, sku_names): every file export would write, checked before
+    #                    anything is measured
+    #   export(out, device, problem, choices, run_info) -> {"files", "kept", "missing"}: its files written
+
     # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
     # place of the wall clock (which says nothing about speed there): a family whose launches declare
     # their cost (the tests' fakes) is timed by the declaration, not by a loaded machine's scheduler.
 
 
 def get_family(spec: str, **options) -> KernelFamily:
-    """A family by its registered name (autotune.families.registry), or by "module:Class" (tests inject faulty
-    families this way)."""
+    """A family by its name (autotune.families.registry), or by "module:Class" where no package declares it
+    (the tests' faulty families, built the same way in a worker)."""
     from autotune.families import registry
 
-    target = registry.REGISTRY[spec].kernel if spec in registry.REGISTRY else spec
-    if ":" not in target:
-        raise KeyError(f"unknown kernel family {spec!r}; known: {', '.join(registry.names())}")
-    mod, cls = target.split(":", 1)
-    return getattr(importlib.import_module(mod), cls)(**options)
+    if ":" in spec:
+        mod, cls = spec.split(":", 1)
+        return getattr(importlib.import_module(mod), cls)(**options)
+    return registry.get(spec).cls(**options)

@@ -144,7 +144,8 @@ def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=N
 
 def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime_gpu: bool = False,
                  timer=None, batch_sizes=None, loader="sglang") -> tuple[int, list[str]]:
-    from autotune.folder.config_files import file_problems, sglang_loads
+    from autotune.families.triton_moe.schema import sglang_loads
+    from autotune.folder.config_files import file_problems
 
     prov = read_provenance(folder)
     targets = _targets(version_spec)

@@ -13,6 +13,7 @@ import time
 from autotune.measure import records
 from autotune.measure.frames import raised_at
 from autotune.measure.timing import DUEL_ROUNDS, duel
+from autotune.families.registry import default as default_family
 from autotune.measure.records import Measurement, failure
 from autotune.measure.tasks import Settings, Task
 
@@ -205,7 +206,7 @@ class Measurer:
     def measure(self, task: Task, problem, M: int) -> tuple[Measurement, bool]:
         """(record, fatal): fatal means this process's CUDA context can no longer be trusted."""
         cfg, pk, gemm, s = task.config, task.problem_key, task.gemm, self.settings
-        family = self.family(task.family or s.family)
+        family = self.family(task.family or s.family or default_family())
 
         def failed(status, why, **kw):
             return failure(pk, gemm, M, cfg, status, why, **kw)

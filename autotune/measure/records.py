@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autotune.fileio.reading import parse_json, require_regular
+from autotune.families.registry import key_order
 
 OK = "ok"
 # Failure statuses. "invalid" is rejected before launch (costs nothing).
@@ -63,13 +64,15 @@ def is_resource_failure(m) -> bool:
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1
-CONFIG_ORDER = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages", "USE_TMA")
 
 
 def canonical(config: dict) -> dict:
-    """Config in SGLang's key order; USE_TMA only when true (SGLang treats absent as false)."""
-    out = {k: config[k] for k in CONFIG_ORDER if k in config and not (k == "USE_TMA" and not config[k])}
-    out.update({k: v for k, v in sorted(config.items()) if k not in CONFIG_ORDER})
+    """Config in its family's key order, other keys after in sorted order; a switch only when on (the files
+    a family writes read an absent switch as off). The order is the families' declarations
+    (autotune.families.registry.key_order): the records never name a family's keys."""
+    order, switches = key_order()
+    out = {k: config[k] for k in order if k in config and not (k in switches and not config[k])}
+    out.update({k: v for k, v in sorted(config.items()) if k not in out and not (k in switches and not v)})
     return out
 
 

@@ -10,7 +10,7 @@ from autotune import stops
 
 @dataclass
 class Settings:
-    family: str = "triton_moe"    # default family of tasks that name none
+    family: str = ""              # of tasks that name none ("": the registry's default config family)
     options: dict = field(default_factory=dict)   # family name -> constructor options
     on_cpu: bool = False          # Triton's interpreter (TRITON_INTERPRET=1), wall-clock timing
     seed: int = 0

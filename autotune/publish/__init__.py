@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.folder.config_files import config_folder, schema_problem
+from autotune.families.triton_moe.schema import schema_problem
+from autotune.folder.config_files import config_folder
 from autotune.export import server_args
 from autotune.folder.provenance import PROVENANCE, tuned_names
 from autotune.fileio.writing import Files, NotOurs, claim_files, inside, json_bytes, read_json, write_all
@@ -136,7 +137,8 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
         folder = config_folder(entry.get("triton"))
         theirs_entry = theirs_all.get("files", {}).get(name)
         per_m, kept = entry.get("per_M", {}), {}
-        # gate_up and _down share BLOCK_SIZE_M and one pair time: the same M decision for both
+        # a tuned file and its _down file were chosen as one pair (one shared tile height, one pair time):
+        # the same M decision for both
         for fname in (name, entry.get("down_file")):
             if not fname:
                 continue

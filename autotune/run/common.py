@@ -57,12 +57,14 @@ def triton_settings(req, budget, warm):
 
 
 def load_warm_start(path):
-    """--warm-start's source, read once by the command before anything is measured (None: none)."""
+    """--warm-start's source, read once by the command before anything is measured (None: none); its
+    configs are those of the config family the commands that name none work on."""
     if not path:
         return None
+    from autotune.families import registry
     from autotune.search.warm_start import WarmStartError, load
     try:
-        warm = load(path)
+        warm = load(path, registry.get(registry.default()).cls)
     except WarmStartError as e:
         raise UsageError(str(e)) from None
     print(f"warm start: {warm.describe()}")

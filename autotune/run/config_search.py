@@ -74,15 +74,14 @@ def overlay(req, device, family) -> None:
 
 
 def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
-    """Select each M's pair and write the problem's files; False (nothing written) where no finalist,
-    baselines included, ran correctly at any M: a file of `{}` would replace SGLang's shipped one."""
-    from autotune.export.sglang import export_problem
+    """Select each M's pair and write the problem's files (the family's `select` and `export`); False (nothing
+    written) where no finalist, baselines included, ran correctly at any M: a file of `{}` would replace
+    SGLang's shipped one."""
     from autotune.run.report import format_table, problem_table, table_records
-    from autotune.families.triton_moe.pairs import select_problem
     from autotune.store.storage import safe_url
 
     p, settings = tuner.problem, tuner.settings
-    choices = select_problem(tuner, settings.top, settings.careful_repeats)
+    choices = tuner.family.select(tuner, settings.top, settings.careful_repeats)
     if not choices:
         print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
               "included: no file written for it")
@@ -97,8 +96,8 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
                 "warm_start": getattr(req, "warm_start", None), "warm_start_configs": tuner.warm_queued,
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
-    written = after_search(summary, f"writing the files of {p.key}", export_problem, req.out, device, p, choices,
-                           run_info, tuner.family.sglang_versions, folder_step=True)
+    written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, req.out, device, p,
+                           choices, run_info, folder_step=True)
     if written is None:
         return False
     written["files"] = [real(f) for f in written["files"]]
@@ -134,7 +133,7 @@ def why_no_pair(tuner, M: int) -> str:
             first = next((m.reason for m in ms if m.reason), "")
             parts.append(f"no {g} config ran correctly ({counts or 'none measured'}" +
                          (f"; e.g. {first[:160]}" if first else "") + ")")
-    return "; ".join(parts) or "no re-measured pair sharing BLOCK_SIZE_M ran correctly"
+    return "; ".join(parts) or f"no re-measured pair sharing {tuner.family.coupled} ran correctly"
 
 
 def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:

@@ -16,6 +16,7 @@ def record_grid(req) -> None:
     the problems, measured into --cache (extended: what it holds is not measured again)."""
     from tqdm import tqdm
 
+    from autotune.families import registry
     from autotune.families.protocol import get_family
     from autotune.measure.records import Cache, CacheError, read_cache, write_cache
     from autotune.measure.tasks import Task, run_tasks
@@ -28,7 +29,7 @@ def record_grid(req) -> None:
     except CacheError as e:
         raise UsageError(f"--cache {e}; refusing to overwrite it (name a new file)") from None
     device, pool, _, _, plans, _ = open_device(req)
-    family = get_family("triton_moe", space_path=req.search_space)
+    family = get_family(registry.default(), space_path=req.search_space)
     cache = old or Cache(device.to_dict())
     cache.device = device.to_dict()
     cache.notes["compile_workers"] = len(pool.slots)

@@ -13,10 +13,11 @@ from autotune.run.common import selection
 from autotune.gpus.memory_plan import WORKERS_PER_GPU
 
 
-def open_device(req, kernels=("triton_moe",)):
+def open_device(req, kernels=None):
     """(device, pool, cache or None, expansion, plans, memory plan or None): the replay cache or the local
     GPU(s), the plan of every requested family on it, the GPU memory plan, and the measuring pool sized
-    by it (its first worker warms the JIT builds those plans need)."""
+    by it (its first worker warms the JIT builds those plans need). `kernels`: the families to plan (None: the
+    registry's default config family)."""
     from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
     from autotune.measure.records import CacheError, merge_caches
@@ -53,7 +54,7 @@ def open_device(req, kernels=("triton_moe",)):
         if any(g >= device.gpu_count for g in gpus):
             raise UsageError(f"--gpus {req.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
     if not req.replay and device.kind != "planned":
-        from autotune.families.triton_moe import tma_supported
+        from autotune.families.triton_moe.tma import tma_supported
         device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
     options = family_options(req, device)
     exp, plans = plan_families(req, device, cache, kernels, options)
@@ -170,7 +171,7 @@ def check_worker_log(path: str) -> None:
 
 
 def family_options(req, device) -> dict:
-    """family -> what its protocol object is built with: the run settings its registry entry names
+    """family -> what its protocol object is built with: the run settings its declaration names
     (autotune.families.registry.RUN_OPTIONS)."""
     from autotune.families import registry
 
@@ -203,8 +204,9 @@ def skipped_backends(text: str) -> dict:
     return {f: tuple(v) for f, v in out.items()}
 
 
-def plan_families(req, device, cache, kernels=("triton_moe",), options=None):
+def plan_families(req, device, cache, kernels=None, options=None):
     """Per family: the problems to run on this device and the reasons for the ones left out."""
+    from autotune.families import registry
     from autotune.problems import models
     from autotune.run.plan import PlanError, build
 
@@ -213,7 +215,8 @@ def plan_families(req, device, cache, kernels=("triton_moe",), options=None):
             exp, plans = drifted_plan(req, device, cache, options)
         else:
             chosen, tps, eps, dtypes, bss = selection(req)
-            exp, plans = build(list(kernels), chosen, tps, eps, dtypes, bss, device, cache, options)
+            exp, plans = build(list(kernels or [registry.default()]), chosen, tps, eps, dtypes, bss, device, cache,
+                               options)
     except (models.ModelError, PlanError) as e:
         raise UsageError(str(e))
     for fp in plans:
@@ -225,8 +228,9 @@ def plan_families(req, device, cache, kernels=("triton_moe",), options=None):
 
 
 def drifted_plan(req, device, cache, options):
-    """--only-drifted FOLDER: the Triton MoE problems of the folder's files that no longer fit this
-    machine or the target SGLang releases (autotune check's reasons), each with its batch sizes."""
+    """--only-drifted FOLDER: the problems of the folder's config files (the default config family's) that no
+    longer fit this machine or the target SGLang releases (autotune check's reasons), each with its batch sizes."""
+    from autotune.families import registry
     from autotune.problems import models
     from autotune.folder.check import CheckError, file_drift, read_provenance
     from autotune.families.protocol import get_family
@@ -246,8 +250,9 @@ def drifted_plan(req, device, cache, options):
             except (KeyError, TypeError, ValueError):
                 raise UsageError(f"--only-drifted: provenance.json's {name} has no readable problem") from None
             problems.setdefault(p.key, p)
-    fam = get_family("triton_moe", **(options or {}).get("triton_moe", {}))
-    plan = family_plan("triton_moe", fam, list(problems.values()), device, cache)
+    name = registry.default()
+    fam = get_family(name, **(options or {}).get(name, {}))
+    plan = family_plan(name, fam, list(problems.values()), device, cache)
     return models.Expansion(plan.problems, {}), [plan]
 
 

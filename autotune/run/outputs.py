@@ -64,14 +64,14 @@ def check_outputs(req, device, plans, skus=()) -> None:
     autotune did not write is refused (NotOurs, exit 2) unless --force; a folder that holds results
     measured another way is refused."""
     from autotune.export import server_args
-    from autotune.export.sglang import ExportError, export_targets
     from autotune.families.registry import BACKENDS, CONFIGS
+    from autotune.errors import ExportError
     from autotune.fileio.writing import claim, json_with
 
     steps = by_step(plans)
     try:
         for fp in steps.get(CONFIGS, ()):
-            export_targets(req.out, device, fp.problems, skus)
+            fp.family.export_targets(req.out, device, fp.problems, skus)
         if steps.get(BACKENDS):
             server_args.check_folder(req.out, device)
             from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE

@@ -2,7 +2,7 @@
 
 Families (autotune.families.registry): triton_moe (SGLang's Triton fused-MoE configs per shape and M), the
 MoE runner choice for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense
-GEMM backend choice (fp8_gemm, fp4_gemm). Each one's problems are its registry entry's kind (the
+GEMM backend choice (fp8_gemm, fp4_gemm). Each one's problems are the kind its class declares (the
 fused-MoE layers or the dense GEMMs) at its dtype. A family that cannot run here is reported once,
 with why.
 """

@@ -23,7 +23,7 @@ def search_shared(req) -> None:
 
     budget = req.budget            # seconds (autotune.cli.inputs.seconds)
     warm = load_warm_start(req.warm_start)
-    device, pool, cache, exp, plans, _ = open_device(req, ["triton_moe"])
+    device, pool, cache, exp, plans, _ = open_device(req)
     name = run_name(req, device)
     with pool:
         fp = plans[0]
@@ -50,7 +50,7 @@ def export_shared(req) -> None:
 
     if req.out is None:
         req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
-    device, pool, cache, exp, plans, _ = open_device(req, ["triton_moe"])
+    device, pool, cache, exp, plans, _ = open_device(req)
     skus = sku_names(req, device)
     name = run_name(req, device)
     storage = outputs_then_storage(req, device, pool, plans, skus, name,

@@ -2,9 +2,9 @@
 before each ask it decides which parameters the ask must take, and the sampler hands those out
 instead of TPE's draws.
 
-- Coupling: SGLang runs both GEMMs on one alignment, so every third ask of a study past start-up
-  pins BLOCK_SIZE_M to the other GEMM's current best (both sides then know the tiles the joint
-  choice needs).
+- Coupling: where a family's GEMMs must share a parameter (its `coupled`: both run on one alignment),
+  every third ask of a study past start-up pins it to the other GEMM's current best (both sides then
+  know the tiles the joint choice needs).
 - Polish: the optima are narrow (on the H200 at M=1 three of 2570 gate_up configs lie within 2% of
   the best), so the last `polish` share of a study's asks are one-step moves around its top configs.
 - Stuck-breaker: four re-proposals of known configs in a row move the sampler on the same way, and
@@ -102,10 +102,11 @@ class SearchPolicy:
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return None
         partner = [g for g in t.family.gemms if g != slot.gemm]
-        if partner and slot.asked >= s.startup and slot.asks % 3 == 2:
+        coupled = getattr(t.family, "coupled", None)
+        if coupled and partner and slot.asked >= s.startup and slot.asks % 3 == 2:
             pb = t.best(partner[0], slot.M)
-            if pb is not None and pb.config.get("BLOCK_SIZE_M") in space.params["BLOCK_SIZE_M"]:
-                return {"BLOCK_SIZE_M": space.params["BLOCK_SIZE_M"].index(pb.config["BLOCK_SIZE_M"])}
+            if pb is not None and pb.config.get(coupled) in space.params[coupled]:
+                return {coupled: space.params[coupled].index(pb.config[coupled])}
         polishing = slot.asked >= s.trials * (1 - s.polish) and t.ok_measurements(slot.gemm, slot.M)
         if polishing or slot.dups >= STUCK:
             fresh = self.fresh_config(slot)

@@ -97,7 +97,7 @@ class BackendTuner:
         return out
 
     def _task(self, config: dict, Ms: list[int], repeats=None, tactics: bool = False, versus=None) -> Task:
-        # Workers import the family by `spec` ("module:Class") where it is not a registered name.
+        # Workers import the family by `spec` ("module:Class") where no package declares it.
         return Task(self.problem.to_dict(), self.problem.key, "layer", config, list(Ms), repeats=repeats,
                     family=getattr(self.family, "spec", self.family.name), tactics=tactics, versus=versus)
 

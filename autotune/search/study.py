@@ -8,10 +8,11 @@ Why this shape (argued in docs/DESIGN.md):
   asked config is also measured at the neighbouring batch sizes (`neighbours` on each side)
   and added to their studies as completed trials: every study learns from its neighbours'
   exploration, and the optimum, which moves smoothly with M, is found with fewer compiles.
-- The two GEMMs are searched apart (a `_down` config may differ, and may use TMA), but SGLang
-  runs both on one alignment, so they must share BLOCK_SIZE_M. Every third ask of a study
-  pins BLOCK_SIZE_M to the other GEMM's current best (autotune.search.policy), so both sides know the
-  tiles the joint choice needs; `select` then picks per M the pair minimising gate_up + down.
+- A family's GEMMs are searched apart (the fused MoE's down config may differ from gate_up's, and
+  may use TMA), but where they run on one alignment they must share the family's coupled parameter.
+  Every third ask of a study pins it to the other GEMM's current best (autotune.search.policy), so
+  both sides know the tiles the joint choice needs; the family's `select` then picks per M the pair
+  with the least summed time.
 - Each study is seeded with SGLang's default config and its shipped config (measured once as
   baselines), so the result can only improve on them.
 - Rejected configs (shared memory, kernel rules) and failures are told as +inf, as Triton's
@@ -163,7 +164,7 @@ class ProblemTuner:
         run_tasks(self.pool, tasks, on_result)
 
     def _task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
-        # Workers build the family by name, or by `spec` ("module:Class") where it is not a registered one.
+        # Workers build the family by name, or by `spec` ("module:Class") where no package declares it.
         return Task(self.problem.to_dict(), self.problem.key, gemm, records.canonical(config), list(Ms),
                     repeats=repeats, tag=tag, family=getattr(self.family, "spec", self.family.name))
 

@@ -1,7 +1,7 @@
 """Warm start: a new study begins with the best configs another GPU's or shape's study found.
 
 The source is a measurement cache (`--record` / `autotune record` files) or an Optuna storage
-(`sqlite:///...`, `postgresql://...`) holding triton_moe studies. For each (GEMM, M) of the new
+(`sqlite:///...`, `postgresql://...`) holding the config family's studies. For each (GEMM, M) of the new
 study, the closest source problem (same dtype first, then the nearest E, N, K on a log scale) at
 the nearest recorded M gives its fastest correct configs; those the target's rules admit (shared
 memory, TMA, the SGLang releases named) are queued first, after SGLang's own configs. The search
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from autotune.measure.records import Measurement, config_key
 
-FAMILY = "triton_moe"
-GEMMS = ("gate_up", "down")
 _KEY = re.compile(r"E=(\d+),N=(\d+),K=(\d+),topk=(\d+),(\w+)")
 
 
@@ -27,7 +25,7 @@ class WarmStartError(ValueError):
 @dataclass
 class WarmStart:
     source: str
-    measurements: list      # ok triton_moe measurements of the source
+    measurements: list      # ok measurements of the family's configs in the source
 
     def describe(self) -> str:
         problems = sorted({m.problem for m in self.measurements})
@@ -68,21 +66,22 @@ def _distance(key: str, problem) -> tuple:
     return (0 if dtype == problem.dtype else 1, shape)
 
 
-def load(spec: str) -> WarmStart:
-    """The source's triton_moe measurements; WarmStartError (one line) when it has none."""
+def load(spec: str, family) -> WarmStart:
+    """The source's measurements of `family`'s configs (its GEMMs, its keys: `gemms`, `config_order`);
+    WarmStartError (one line) when it has none."""
     if "://" in spec:
-        found, families = _from_storage(spec)
+        found, families = _from_storage(spec, family)
     else:
-        found, families = _from_cache(spec)
-    ok = [m for m in found if m.ok and m.gemm in GEMMS and "BLOCK_SIZE_M" in m.config]
+        found, families = _from_cache(spec, family)
+    ok = [m for m in found if m.ok and m.gemm in family.gemms and any(k in m.config for k in family.config_order)]
     if not ok:
         held = ", ".join(sorted(families)) or "nothing"
-        raise WarmStartError(f"--warm-start {spec} holds no {FAMILY} measurements to start from (it holds "
+        raise WarmStartError(f"--warm-start {spec} holds no {family.name} measurements to start from (it holds "
                              f"{held}); a warm start must come from the same kernel family")
     return WarmStart(spec, ok)
 
 
-def _from_cache(path: str) -> tuple[list[Measurement], set]:
+def _from_cache(path: str, family) -> tuple[list[Measurement], set]:
     from autotune.measure.records import CacheError, read_cache
 
     try:
@@ -90,14 +89,10 @@ def _from_cache(path: str) -> tuple[list[Measurement], set]:
     except CacheError as e:
         raise WarmStartError(f"--warm-start: {e}") from None
     ms = [*cache.records.values(), *cache.careful.values()]
-    return ms, {_family_of(m) for m in ms}
+    return ms, {family.name if m.gemm in family.gemms else f"backend choices ({m.gemm})" for m in ms}
 
 
-def _family_of(m: Measurement) -> str:
-    return FAMILY if m.gemm in GEMMS else f"backend choices ({m.gemm})"
-
-
-def _from_storage(url: str) -> tuple[list[Measurement], set]:
+def _from_storage(url: str, family) -> tuple[list[Measurement], set]:
     import optuna
 
     from autotune.store.storage import ATTR, StorageError, open_storage, safe_url
@@ -117,7 +112,7 @@ def _from_storage(url: str) -> tuple[list[Measurement], set]:
     ms, families = [], set()
     for s in summaries:
         families.add(s.study_name.split("|", 1)[0])
-        if not s.study_name.startswith(FAMILY + "|"):
+        if not s.study_name.startswith(family.name + "|"):
             continue
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):

@@ -1,10 +1,13 @@
-"""A toy backend family, plugged in as a new family is added: this package (the family's protocol
-object and one module per backend) and one registry entry (tests/test_families.py). Its backends are
-plain torch on the CPU; SGLang's --fp8-gemm-backend is the flag its choice goes to."""
+"""A toy backend family, plugged in as a family installed beside autotune is: this package (the family's
+protocol object, which declares it, and one module per backend), named in the entry-point group
+autotune.families (tests/test_families.py makes that entry point). Its backends are plain torch on the
+CPU; SGLang's --fp8-gemm-backend is the flag its choice goes to."""
 from dataclasses import dataclass, field
 
 from autotune.families.backend_family import BackendFamily
+from autotune.families.registry import DENSE
 from autotune.families.runner import Runner
+
 
 @dataclass
 class ToyInputs:
@@ -15,8 +18,8 @@ class ToyInputs:
 
 
 class ToyGemm(BackendFamily):
-    name = "toy_gemm"
-    spec = "tests.toy_gemm:ToyGemm"      # how a worker builds it (it is not a built-in family there)
+    name, problems, dtype = "toy_gemm", DENSE, "fp8_w8a8_block"
+    flag, sglang_choices, options = "fp8-gemm-backend", "FP8_GEMM_RUNNER_BACKEND_CHOICES", ("skip",)
 
     def unsupported_reason(self, problem, device):
         return None                      # plain torch: runs on the CPU too
@@ -35,6 +38,9 @@ class ToyGemm(BackendFamily):
 
     def reference(self, inputs, config=None):
         return inputs.x[0].double() @ inputs.w.double().T
+
+
+FAMILY = ToyGemm
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
-"""A toy Triton-config family, plugged in as a new one is added: this package (its protocol object)
-and one registry entry (tests/test_families.py). It tunes SGLang's fused-MoE config keys over a
+"""A toy Triton-config family, plugged in as a family installed beside autotune is: this package (its
+protocol object, which declares it), named in the entry-point group autotune.families
+(tests/test_families.py makes that entry point). It tunes SGLang's fused-MoE config keys over a
 space of its own for one expert's GEMMs in plain torch on the CPU: the product is taken in
 BLOCK_SIZE_K-wide slices of K and BLOCK_SIZE_M-high slices of the rows, so the config decides the
-time as a kernel's tiles would, and every config computes the same numbers."""
+time as a kernel's tiles would, and every config computes the same numbers. Its files are SGLang's
+fused-MoE files, so it takes their rules (coupling, selection, export) from the family that writes them."""
 from dataclasses import dataclass
 
+from autotune.families.registry import CONFIGS, MOE
+from autotune.families.triton_moe.files import SglangMoeFiles
 from autotune.families.spaces import Space
 
 GEMMS = ("gate_up", "down")
@@ -21,9 +25,8 @@ class ToyInputs:
     w: object
 
 
-class ToyMoeConfigs:
-    name = "toy_moe"
-    spec = "tests.toy_moe_configs:ToyMoeConfigs"   # how a worker builds it (not a built-in family there)
+class ToyMoeConfigs(SglangMoeFiles):
+    name, step, problems, dtype, options = "toy_moe", CONFIGS, MOE, "bf16", ("sglang_versions",)
     gemms = GEMMS
 
     def __init__(self, sglang_versions: tuple = ()):
@@ -73,3 +76,6 @@ class ToyMoeConfigs:
 
     def warmup(self, problems, on_cpu=False):
         pass
+
+
+FAMILY = ToyMoeConfigs

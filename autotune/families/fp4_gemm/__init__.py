@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from autotune.adapters import flashinfer_gemm, flashinfer_tuner
 from autotune.families.backend_family import BackendFamily
+from autotune.families.registry import DENSE
 from autotune.families.runner import Runner, exact_tactic, flashinfer_pin
 
 INPUT_AMAX = 8.0      # the static activation scale covers |x| <= 8 (unit-normal activations)
@@ -52,7 +53,8 @@ def checkpoint_weight(N: int, K: int, seed: int, device: str = "cuda") -> tuple[
 
 
 class Fp4Gemm(BackendFamily):
-    name = "fp4_gemm"
+    name, problems, dtype, order = "fp4_gemm", DENSE, "nvfp4", 21
+    flag, sglang_choices, options = "fp4-gemm-backend", "FP4_GEMM_RUNNER_BACKEND_CHOICES", ("skip",)
 
     def __init__(self, skip: tuple = ()):
         super().__init__(skip)
@@ -90,6 +92,9 @@ class Fp4Gemm(BackendFamily):
     def sglang_auto(self, device) -> str | None:
         from autotune.families import capabilities as table
         return table.sglang_auto(self.name, device)
+
+
+FAMILY = Fp4Gemm
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from autotune.adapters import flashinfer_gemm, flashinfer_tuner
 from autotune.families.backend_family import BackendFamily, rotate
+from autotune.families.registry import DENSE
 from autotune.families.runner import Runner, exact_tactic
 from autotune.numerics.fp8 import fp8_blocks, fp8_per_matrix
 
@@ -49,7 +50,8 @@ def quantize_tensor(w):
 
 
 class Fp8Gemm(BackendFamily):
-    name = "fp8_gemm"
+    name, problems, dtype, order = "fp8_gemm", DENSE, "fp8_w8a8_block", 20
+    flag, sglang_choices, options = "fp8-gemm-backend", "FP8_GEMM_RUNNER_BACKEND_CHOICES", ("skip",)
 
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         return 0.08
@@ -86,6 +88,9 @@ class Fp8Gemm(BackendFamily):
 def set_output(inputs: GemmInputs, out):
     inputs.C = out
     return out
+
+
+FAMILY = Fp8Gemm
 
 
 def sglang_linear(function: str, inputs: GemmInputs, i: int):

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.families import registry
 from autotune.families.backend_family import BackendFamily
+from autotune.families.registry import MOE
 from autotune.families.runner import Runner
 
 
@@ -40,12 +40,11 @@ class MoeLayerInputs:
 
 
 class _MoeLayerFamily(BackendFamily):
+    # Declared (autotune.families.registry): one family per expert dtype, `dtype` its Problem.dtype
+    problems = MOE
+    flag, sglang_choices = "moe-runner-backend", "MOE_RUNNER_BACKEND_CHOICES"
+    options = ("triton_config_dir", "skip")
     tol = 0.02
-
-    @property
-    def dtype(self) -> str:
-        """Problem.dtype this family serves: its registry entry's (autotune.families.registry)."""
-        return registry.get(self.name).dtype
 
     def __init__(self, triton_config_dir: str | None = None, skip: tuple = ()):
         super().__init__(skip)
@@ -112,7 +111,7 @@ class _MoeLayerFamily(BackendFamily):
 
 
 class MoeBf16(_MoeLayerFamily):
-    name = "moe_bf16"
+    name, dtype, order = "moe_bf16", "bf16", 10
     tol = 0.02
 
 
@@ -120,7 +119,7 @@ class MoeFp8(_MoeLayerFamily):
     """Block [128, 128] FP8 experts (Qwen3.5 FP8 checkpoints); activations quantized per token
     group of 128 inside each runner."""
 
-    name = "moe_fp8"
+    name, dtype, order = "moe_fp8", "fp8_w8a8_block", 11
     tol = 0.08
 
 
@@ -129,8 +128,11 @@ class MoeFp4(_MoeLayerFamily):
     activations (W4A4) land at ~10% from the unquantized reference, W4A16 ones (marlin) far below;
     a broken runner at ~100%."""
 
-    name = "moe_fp4"
+    name, dtype, order = "moe_fp4", "nvfp4", 12
     tol = 0.3
+
+
+FAMILIES = (MoeBf16, MoeFp8, MoeFp4)
 
 
 @dataclass(frozen=True)

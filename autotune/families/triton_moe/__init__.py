@@ -14,27 +14,16 @@ from autotune.families import spaces
 from autotune.gpus.device import DeviceInfo
 from autotune.numerics.fp8 import FP8_MAX, fp8_blocks, fp8_per_matrix
 from autotune.problems.models import Problem
+from autotune.families.registry import CONFIGS, MOE
+from autotune.families.triton_moe.files import SglangMoeFiles
 from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size
+from autotune.families.triton_moe.tma import tma_capable
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
-
-
-def tma_supported() -> bool:
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
-def tma_capable(device: DeviceInfo) -> bool:
-    """Whether SGLang's TMA paths run on `device`: SM90 or later, a GPU (not Triton's interpreter), and
-    a Triton with tensor descriptors there (recorded as versions["triton_tma"])."""
-    return device.sm >= 90 and device.kind != "cpu-interpreter" and bool(device.versions.get("triton_tma", True))
 
 
 # --- the family --------------------------------------------------------------------------------
@@ -81,8 +70,10 @@ class MoeInputs:
     _ref: object = None
 
 
-class TritonMoe:
+class TritonMoe(SglangMoeFiles):
     name = "triton_moe"
+    # its declaration (autotune.families.registry); its files' rules are SglangMoeFiles'
+    step, problems, options, order = CONFIGS, MOE, ("space_path", "sglang_versions"), 0
     gemms = GEMMS
 
     def __init__(self, space_path: str | None = None, sglang_versions: tuple[str, ...] = ()):
@@ -443,6 +434,9 @@ class TritonMoe:
             return q.view(A.shape[0], cols)[:, : A.shape[1]]
         s = A.abs().amax().clamp(min=1e-12) / FP8_MAX
         return (A / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+FAMILY = TritonMoe
 
 
 def _weight_bytes(p: Problem) -> int:

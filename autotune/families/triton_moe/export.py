@@ -1,4 +1,4 @@
-"""SGLang's fused-MoE config files and their provenance.
+"""The Triton fused-MoE family's export: SGLang's fused-MoE config files and their provenance.
 
 Layout (so `SGLANG_MOE_CONFIG_DIR=tuned_configs/<device>` works unchanged):
   tuned_configs/<device>/configs/triton_<x_y_z>/<SGLang's file name>        gate_up, keys = M
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.errors import ExportError
 from autotune.gpus.device import DeviceInfo, utc_now
 from autotune.fileio.writing import claim, forced, sha256, write_json
 from autotune.adapters.sglang_loader import sglang_file_name
@@ -22,10 +23,6 @@ from autotune.adapters.sglang_versions import config_problem, valid_releases
 from autotune.folder.config_files import config_folder
 from autotune.folder.change import tuned_folder
 from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
-
-
-class ExportError(ValueError):
-    pass
 
 
 def config_dir(out: str | Path, device: DeviceInfo) -> Path:
@@ -80,7 +77,7 @@ def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict
     """The (gate_up, down) files a merge starts from: what an earlier export wrote, each read and
     checked as SGLang's loader would take it ({} where there is none; under --force, where it is broken:
     it is replaced)."""
-    from autotune.folder.config_files import schema_problem
+    from autotune.families.triton_moe.schema import schema_problem
     from autotune.fileio.reading import load_json
 
     docs = []
@@ -109,7 +106,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
     {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
     `targets`: the SGLang releases the files must run in (an existing entry they cannot run is
     replaced, never kept)."""
-    from autotune.families.triton_moe import tma_capable
+    from autotune.families.triton_moe.tma import tma_capable
     tma = tma_capable(device)
 
     def runs_everywhere(up: dict, down: dict) -> bool:

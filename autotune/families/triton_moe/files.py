@@ -1,0 +1,29 @@
+"""`SglangMoeFiles`: the rules a config family whose product is SGLang's fused-MoE config files hands the
+search, the selection and the export (the hooks of autotune.families.protocol), so that none of them names
+a key of those files. What one file holds is autotune.families.triton_moe.schema's."""
+from __future__ import annotations
+
+from autotune.families.triton_moe.schema import CONFIG_ORDER, SWITCHES
+
+
+class SglangMoeFiles:
+    """What a config family owes the core when its product is SGLang's fused-MoE files (a gate_up file and
+    a `_down` file per problem, keyed by M). SGLang sorts tokens once per batch with the gate_up config's
+    BLOCK_SIZE_M and runs both GEMMs on that alignment: the search pins it now and then to the other
+    GEMM's best (autotune.search.policy), the selection pairs configs sharing it (pairs), and the down
+    file is written with gate_up's value (export). Needs `sglang_versions`: the releases the files must run in."""
+    coupled = "BLOCK_SIZE_M"
+    config_order = CONFIG_ORDER
+    config_switches = SWITCHES
+
+    def select(self, tuner, top: int, careful_repeats: int) -> dict:
+        from autotune.families.triton_moe.pairs import select_problem
+        return select_problem(tuner, top, careful_repeats)
+
+    def export_targets(self, out, device, problems, sku_names=()) -> None:
+        from autotune.families.triton_moe.export import export_targets
+        export_targets(out, device, problems, sku_names)
+
+    def export(self, out, device, problem, choices: dict, run: dict) -> dict:
+        from autotune.families.triton_moe.export import export_problem
+        return export_problem(out, device, problem, choices, run, self.sglang_versions)
