@@ -8,6 +8,10 @@ def one_line(error) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class CheckError(ValueError):
+    """A tuned folder `autotune check` (or publish, or a re-run reading it) cannot read as ours."""
+
+
 class UsageError(Exception):
     """Bad input: one line on stderr, exit code 2."""
 

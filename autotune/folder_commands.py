@@ -150,6 +150,7 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
 def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tuple[int, list[str]]:
     from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
+    from autotune.families.triton_moe.retime import retime
     from autotune.folder.check import CheckError, check_folder
 
     try:
@@ -158,8 +159,9 @@ def check(folder, sglang_version=None, batch_sizes=None, no_retime=False) -> tup
         machine = None
     try:
         # re-timing runs SGLang's kernels: on a CUDA GPU only, unless told not to
+        on_gpu = machine is not None and machine.kind == "gpu" and not no_retime
         code, lines = check_folder(folder, sglang_version, machine, batch_sizes=batch_sizes,
-                                   retime_gpu=machine is not None and machine.kind == "gpu" and not no_retime)
+                                   retime=retime if on_gpu else None)
     except CheckError as e:
         raise UsageError(str(e)) from None
     lines.append("fresh: the folder matches this machine" if code == 0 else "drifted: re-tune or re-export (see above)")

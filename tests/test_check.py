@@ -1,5 +1,6 @@
 """`autotune check` on the serving machine: a changed Triton, a changed GPU and a fresh folder."""
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,10 @@ def _rows(tuned, shipped, default, spread=0.005):
     ((11.0, 14.0, 10.0), 1, "slower than default by 10.0%"),
 ])
 def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(times, code, says):
-    from autotune.folder.check import RETIME_MS, check_folder
+    from autotune.families.triton_moe.retime import RETIME_MS, retime
+    from autotune.folder.check import check_folder
 
-    got, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(), retime_gpu=True, timer=_rows(*times))
+    got, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(), retime=partial(retime, timer=_rows(*times)))
     assert got == code
     timed = [line for line in lines if " M=" in line]
     # each Triton MoE file of the folder (bf16 and block-FP8), at the sampled batch sizes it holds
@@ -67,12 +69,13 @@ def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
 
 
 def test_a_gpu_that_drifted_is_not_retimed(capsys):
+    from autotune.families.triton_moe.retime import retime
     from autotune.folder.check import check_folder
 
     def never(*a):
         raise AssertionError("re-timed on another GPU")
     code, lines = check_folder(FOLDER, "0.5.23", machine_as_measured(name="NVIDIA H100 80GB HBM3"),
-                               retime_gpu=True, timer=never)
+                               retime=partial(retime, timer=never))
     assert code == 1
 
 

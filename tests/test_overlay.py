@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.export.overlay import overlay_shipped
+from autotune.families.triton_moe.overlay import overlay_shipped
 from autotune.adapters.sglang_loader import builtin_config_dir, sglang_selection
 from autotune.problems.models import Problem
 from tests.conftest import GRID

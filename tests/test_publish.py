@@ -132,7 +132,7 @@ def test_publishes_to_a_git_url_by_clone_and_push(tmp_path, serving):
 
 
 def test_publish_carries_the_shipped_overlay_and_keeps_a_tuned_file_first(tmp_path, serving):
-    from autotune.export.overlay import overlay_shipped
+    from autotune.families.triton_moe.overlay import overlay_shipped
 
     src = tuned(tmp_path, "ours", {1: 10.0, 64: 50.0})
     builtin = tmp_path / "sglang_builtin/configs/triton_3_6_0"

@@ -63,7 +63,7 @@ def test_every_command_that_reads_provenance_refuses_a_name_outside_its_folder(t
 def test_an_overlay_naming_a_file_outside_its_folder_removes_nothing(tmp_path):
     """overlay_shipped removes an earlier overlay's copies it no longer wants: a name out of the
     folder (or a folder linked out of it) would have removed the user's file there."""
-    from autotune.export.overlay import overlay_shipped
+    from autotune.families.triton_moe.overlay import overlay_shipped
     from autotune.fileio.writing import FileFormatError
 
     victim = tmp_path / "victim.json"

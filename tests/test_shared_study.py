@@ -33,7 +33,7 @@ RUN = ["run", *PROBLEM, "--kernels", "triton_moe"]
 
 def autotune(*args, **kw):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "autotune.cli", *args], cwd=kw.get("cwd", ROOT), env=env,
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=kw.get("cwd", ROOT), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -20,13 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.adapters.sglang_versions import VersionError, parse_targets
+from autotune.errors import CheckError
 from autotune.fileio.reading import load_json
 
 FRESH, DRIFTED = 0, 1
-
-
-class CheckError(ValueError):
-    pass
 
 
 def machine_drift(prov: dict, machine) -> tuple[list[str], list[str]]:
@@ -89,63 +86,13 @@ def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[s
     return out
 
 
-# Batch sizes re-timed per file (those the file holds): decode, mid and prefill.
-RETIME_MS = (1, 32, 256, 4096)
+def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime=None, batch_sizes=None,
+                 loader="sglang") -> tuple[int, list[str]]:
+    """(drifted count, report lines). `retime(folder, prov, machine, batch_sizes=)` re-times the files on this
+    GPU (the command passes the family's, autotune.families.triton_moe.retime); None: not re-timed."""
+    from autotune.folder.config_files import file_problems, files_family
 
-
-def retime_sample(batch_sizes) -> list[int]:
-    have = [int(M) for M in batch_sizes]
-    return [M for M in RETIME_MS if M in have] or sorted(have)[:: max(1, len(have) // 3)]
-
-
-def retime(folder: str | Path, prov: dict, machine, *, repeats: int = 5, timer=None,
-           batch_sizes=None) -> tuple[int, list[str]]:
-    """(files slower than shipped or default, report lines) after re-timing each Triton MoE file
-    of the folder at its sampled batch sizes. `timer(sides, Ms, repeats)` -> rows (moe_layer.time_sides)."""
-    from autotune.problems.models import Problem, problem_from_dict
-    from autotune.families.triton_moe.moe_layer import LayerError, MoeSides, time_sides, verdict
-
-    from autotune.gpus.memory_plan import hold_to_cap
-
-    if timer is None:
-        hold_to_cap()
-    timer = timer or time_sides
-    slow, lines, timed, held = 0, [], 0, set()
-    for name, entry in sorted(prov["files"].items()):
-        problem = problem_from_dict(entry["problem"]) if isinstance(entry.get("problem"), dict) else None
-        if not isinstance(problem, Problem):
-            continue
-        try:
-            sides = MoeSides(problem, machine, folder)
-        except LayerError as e:
-            lines.append(f"{name}: not re-timed: {e}")
-            continue
-        Ms = [M for M in batch_sizes if M in problem.batch_sizes] if batch_sizes else retime_sample(problem.batch_sizes)
-        if not Ms:
-            held.update(problem.batch_sizes)
-            lines.append(f"{name}: not re-timed: none of --batch-sizes is among its batch sizes")
-            continue
-        timed += 1
-        for row in timer(sides, Ms, repeats):
-            t, v = row["tuned µs"], verdict(row)
-            said = (f"{name} M={row['M']}: tuned {t:.1f} µs, shipped {row['default µs']:.1f} µs "
-                    f"({row['default source']}), default {row['heuristic µs']:.1f} µs")
-            if v["slower"]:
-                slow += 1
-                lines.append(f"drift: {said}: slower than {v['name']} by {t / v['us'] - 1:.1%} "
-                             f"(spread {v['noise']:.1%}): re-tune this file")
-            else:
-                lines.append(f"re-timed {said}: no slower than either (spread {v['noise']:.1%})")
-    if batch_sizes and held and not timed:
-        raise CheckError(f"--batch-sizes {','.join(map(str, batch_sizes))}: no Triton MoE file of {folder} holds any of "
-                         f"them (they hold {','.join(map(str, sorted(held)))})")
-    return slow, lines
-
-
-def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime_gpu: bool = False,
-                 timer=None, batch_sizes=None, loader="sglang") -> tuple[int, list[str]]:
-    from autotune.families.triton_moe.schema import sglang_loads
-    from autotune.folder.config_files import file_problems
+    files = files_family()
 
     prov = read_provenance(folder)
     targets = _targets(version_spec)
@@ -153,7 +100,7 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
     if not prov["files"]:       # a backend-choices-only export is one; say it rather than a bare "fresh"
         lines.append("provenance.json lists no tuned config files: no file here for SGLang's loaders to check")
     # the files themselves: there, unchanged since export, in SGLang's schema, loaded by SGLang's loader
-    broken = file_problems(folder, prov, sglang_loads if loader == "sglang" else loader)
+    broken = file_problems(folder, prov, files.loads if loader == "sglang" else loader)
     for name, why in broken.items():
         bad += 1
         lines.append(f"drift: {name}: {why}")
@@ -183,8 +130,8 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
         lines += [f"drift: {d}" for d in drift] + [f"note: {n}" for n in notes]
         if not drift:
             lines.append(f"GPU {machine.name} and Triton {machine.versions.get('triton')} as measured")
-            if retime_gpu:
-                slow, timed = retime(folder, prov, machine, timer=timer, batch_sizes=batch_sizes)
+            if retime is not None:
+                slow, timed = retime(folder, prov, machine, batch_sizes=batch_sizes)
                 bad += slow
                 lines += timed
     return (DRIFTED if bad else FRESH), lines

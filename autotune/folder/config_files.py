@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from autotune.fileio.writing import sha256
 from autotune.fileio.names import DeviceName, PlainText, TritonVersion, Version, plain_text_problem
 from autotune.measure.recording_header import KINDS
+from autotune.families import registry
 from autotune.fileio.reading import first_error, load_json
 
 
@@ -167,10 +168,16 @@ def listed_files(folder: Path, prov: dict) -> dict[str, tuple[Path, str | None, 
     return out
 
 
+def files_family():
+    """The family whose files a tuned folder's configs/ holds (the default config family): it reads them
+    (`file_problem`, `loads`) and re-times them (`retime`) for `check`."""
+    return registry.get(registry.default()).cls
+
+
 def file_problems(folder: str | Path, prov: dict, loader=None) -> dict[str, str]:
     """name -> what is wrong with that listed file (absent: nothing). `loader(problem, path, doc)`
     asks SGLang's loader; None skips it."""
-    from autotune.families.triton_moe.schema import schema_problem, sglangs_own
+    files = files_family()
 
     folder = Path(folder)
     out = {}
@@ -186,8 +193,7 @@ def file_problems(folder: str | Path, prov: dict, loader=None) -> dict[str, str]
         except (OSError, ValueError) as e:
             out[name] = f"not valid JSON ({e}): SGLang's loader fails on it"
             continue
-        own = (lambda M, c: True) if entry is None else (lambda M, c: sglangs_own(entry, M, c, name))
-        why = schema_problem(doc, own)
+        why = files.file_problem(doc, entry, name)
         if why is None and loader is not None and entry is not None and name != entry.get("down_file"):
             why = loader(entry, path, doc)
         if why:

@@ -150,7 +150,7 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
         merged["files"][name] = {**entry, "per_M": per_m}
         if kept:
             kept_all[name] = kept
-    # SGLang's shipped files that export laid beside ours (autotune.export.overlay): they travel too, so
+    # SGLang's shipped files that export laid beside ours (autotune.families.triton_moe.overlay): they travel too, so
     # the published folder keeps every shipped shape; never over a tuned file or a file not laid by an overlay.
     overlay = ours_all.get("shipped_overlay")
     if overlay:

@@ -61,7 +61,7 @@ def sku_names(req, device) -> tuple[str, ...]:
 
 
 def overlay(req, device, family) -> None:
-    from autotune.export.overlay import overlay_shipped
+    from autotune.families.triton_moe.overlay import overlay_shipped
     from autotune.export.skus import copy_for_skus
 
     folder = tuned_folder(req.out, device)

@@ -37,7 +37,7 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
     """Every file `export_problem` (and the SKU copies) would write for `problems`, checked before
     anything is measured: NotOurs where one is not ours, ExportError where the folder holds results
     measured another way."""
-    from autotune.export.overlay import broken_copies
+    from autotune.families.triton_moe.overlay import broken_copies
 
     folder = config_dir(out, device)
     # SGLang's per-Triton folders (ours and the shipped overlay's) and the folders above them

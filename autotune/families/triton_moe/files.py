@@ -27,3 +27,19 @@ class SglangMoeFiles:
     def export(self, out, device, problem, choices: dict, run: dict) -> dict:
         from autotune.families.triton_moe.export import export_problem
         return export_problem(out, device, problem, choices, run, self.sglang_versions)
+
+    @staticmethod
+    def file_problem(doc, entry: dict | None, name: str) -> str | None:
+        """What is wrong with one of the family's files read back (None: nothing), by the files' schema;
+        `entry` (its provenance entry) marks the keys that are SGLang's own choices (the shipped overlay)."""
+        from autotune.families.triton_moe.schema import schema_problem, sglangs_own
+
+        own = (lambda M, c: True) if entry is None else (lambda M, c: sglangs_own(entry, M, c, name))
+        return schema_problem(doc, own)
+
+    @staticmethod
+    def loads(entry: dict, path, doc: dict) -> str | None:
+        """Why SGLang's own loader does not serve the file as written (None: it does)."""
+        from autotune.families.triton_moe.schema import sglang_loads
+
+        return sglang_loads(entry, path, doc)
