@@ -6,12 +6,16 @@ checkout is never touched and two runs never share state. Mutants are judged by 
 (`-m "not slow"`): a check that only a slow test guards is a check the README's test command misses.
 
     .venv/bin/python scripts/mutation.py [--children 2] [--limit-s 900] [--min-score S] [--json OUT]
-                                        [--survivors]
+                                        [--survivors] [--keep DIR] [--only PATTERN ...]
 
 Prints per module: killed, survived, timeout, no tests (code no CPU test can reach: CUDA timing),
 and the score, killed / (killed + survived + timeout) over the mutants some quick test runs. Exits 1
 when the score is below --min-score; past --limit-s the run is stopped and the mutants judged so far
 are reported (marked partial), so a slow machine never fails the gate by its speed alone.
+
+`--only PATTERN` (fnmatch, repeatable) runs only the entries of MUTANTS it matches, e.g.
+`--only 'autotune.folder.change*'`: one module's tests written against its survivors, without waiting for
+every other module's mutants (mutmut still runs the whole test selection once to see what reaches what).
 """
 from __future__ import annotations
 
@@ -38,7 +42,13 @@ JUDGED = ("killed", "survived", "timeout")       # a mutant some quick test ran;
 MUTANTS = ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*", "autotune.search.finalists.*", "autotune.search.server_choice.*",
            "autotune.validate.gate.*", "autotune.families.triton_moe.export.*", "autotune.search.sieve.x_pins_over_default_*",
            *(f"autotune.search.sieve.xǁBackendTunerǁ{f}_*" for f in ("select", "tactic_choices", "_choose", "disqualified",
-                                                              "disqualified_tactics", "_failures")))
+                                                              "disqualified_tactics", "_failures")),
+           "autotune.folder.change.*")
+
+
+def chosen(only: list[str] | None) -> tuple[str, ...]:
+    """The entries of MUTANTS that `--only`'s patterns match (all of them without `--only`)."""
+    return tuple(m for m in MUTANTS if not only or any(fnmatch(m, p) for p in only))
 
 
 def scratch_copy(dest: Path) -> None:
@@ -54,7 +64,7 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def run_mutmut(work: Path, children: int, limit_s: float) -> tuple[bool, float]:
+def run_mutmut(work: Path, children: int, limit_s: float, mutants: tuple[str, ...] = MUTANTS) -> tuple[bool, float]:
     """(finished, seconds): mutmut run in `work`, its whole process group stopped past `limit_s`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}   # compile once, keep it
     # One memo of SGLang's loader answers for every mutant's test session: without it each session
@@ -67,7 +77,7 @@ def run_mutmut(work: Path, children: int, limit_s: float) -> tuple[bool, float]:
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.monotonic()
     with open(work / "mutmut.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *MUTANTS], cwd=work,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *mutants], cwd=work,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=limit_s)
@@ -81,15 +91,16 @@ def run_mutmut(work: Path, children: int, limit_s: float) -> tuple[bool, float]:
     return True, time.monotonic() - t0
 
 
-def results(work: Path) -> dict[str, dict[str, str]]:
+def results(work: Path, mutants: tuple[str, ...] = MUTANTS) -> dict[str, dict[str, str]]:
     """module path -> mutant name -> status (mutmut's own names for its exit codes)."""
     from mutmut.stats import status_by_exit_code
 
     out = {}
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         codes = json.loads(meta.read_text())["exit_code_by_key"]
-        out[str(meta.relative_to(work / "mutants"))[: -len(".meta")]] = {
-            k: status_by_exit_code[v] for k, v in codes.items() if any(fnmatch(k, m) for m in MUTANTS)}
+        asked = {k: status_by_exit_code[v] for k, v in codes.items() if any(fnmatch(k, m) for m in mutants)}
+        if asked:                   # a module --only left out is not reported as all zeros
+            out[str(meta.relative_to(work / "mutants"))[: -len(".meta")]] = asked
     return out
 
 
@@ -126,12 +137,18 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the counts, the score and the survivors here")
     ap.add_argument("--survivors", action="store_true", help="list the surviving mutants")
     ap.add_argument("--keep", default=None, help="run in this folder (kept: `mutmut show NAME` there)")
+    ap.add_argument("--only", action="append", metavar="PATTERN",
+                    help="run only the entries of MUTANTS this matches (fnmatch; repeatable)")
     a = ap.parse_args()
+    mutants = chosen(a.only)
+    if not mutants:
+        print(f"--only {' '.join(a.only)} matches none of {', '.join(MUTANTS)}", file=sys.stderr)
+        return 2
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="autotune-mutation-"))
     try:
         scratch_copy(work)
-        finished, seconds = run_mutmut(work, a.children, a.limit_s)
-        r = report(results(work), finished, seconds)
+        finished, seconds = run_mutmut(work, a.children, a.limit_s, mutants)
+        r = report(results(work, mutants), finished, seconds)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -138,9 +138,23 @@ def test_the_runner_scores_the_mutants_it_ran_by_mutmuts_own_exit_codes(tmp_path
                                          "autotune.search.sieve.x_pins_over_default__mutmut_2": "survived",
                                          "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_1": "killed",
                                          "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_2": "timeout"}
+    assert runner.results(tmp_path, ("autotune.search.sieve.*",)).keys() == {"autotune/search/sieve.py"}   # as --only asks
     r = runner.report(res, finished=False, seconds=12.4)
     assert r["score"] == 2 / 4 and r["total"] == {"killed": 2, "survived": 1, "timeout": 1, "no tests": 1,
                                                    "not checked": 1}
     assert r["survivors"] == ["autotune.search.sieve.x_pins_over_default__mutmut_2",
                               "autotune.search.sieve.xǁBackendTunerǁselect__mutmut_2"]
     assert runner.score(["no tests", "not checked"]) is None
+
+
+def test_only_narrows_the_run_to_the_mutant_patterns_it_matches():
+    """`--only`: one module's mutants run without every other's; a pattern matching nothing runs none
+    (main refuses it in one line) rather than all."""
+    runner = _runner()
+    assert runner.chosen(None) == runner.MUTANTS
+    assert runner.chosen(["autotune.folder_change*"]) == ("autotune.folder_change.*",)
+    choice = runner.chosen(["autotune.choice.*"])
+    assert "autotune.choice.x_pins_over_default_*" in choice and "autotune.measure.*" not in choice
+    assert runner.chosen(["autotune.select.*", "autotune.measure.*"]) == ("autotune.measure.*", "autotune.select.*")
+    assert runner.chosen(["autotune.nothing*"]) == ()
+

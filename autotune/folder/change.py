@@ -174,7 +174,8 @@ def _swap(new: Path, folder: Path, existed: bool) -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     fn = getattr(libc, "renameat2", None)
     if fn is not None and fn(AT_FDCWD, os.fsencode(new), AT_FDCWD, os.fsencode(folder), RENAME_EXCHANGE) == 0:
-        shutil.rmtree(new)              # now the old copy
+        # now the old copy; the change is in whatever happens to it (one left behind: the next lock clears it)
+        shutil.rmtree(new, ignore_errors=True)
         return
     err = ctypes.get_errno() if fn is not None else errno.ENOSYS
     if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, 0):
