@@ -318,7 +318,7 @@ def test_a_stale_copy_that_cannot_be_removed_does_not_stop_the_next_writer(tmp_p
 def test_paths_and_messages_inside_a_change_name_the_folder_as_the_user_gave_it(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from autotune.folder_change import in_words, real, tuned_folder
+    from autotune.folder.change import in_words, real, tuned_folder
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x").mkdir()
@@ -338,7 +338,7 @@ def test_paths_and_messages_inside_a_change_name_the_folder_as_the_user_gave_it(
 
 
 def test_a_failed_write_throws_away_every_open_change(tmp_path):
-    from autotune.folder_change import fail_open
+    from autotune.folder.change import fail_open
 
     a, b = _folder(tmp_path / "a", {"x.json": "old"}), _folder(tmp_path / "b", {"x.json": "old"})
     with folder_change(a) as ca, folder_change(b) as cb:
@@ -425,7 +425,7 @@ def test_a_provenance_that_cannot_be_written_changes_nothing(tmp_path, monkeypat
 
     def full(path, *a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    monkeypatch.setattr(fsutil, "write_json", full)
+    monkeypatch.setattr(writing, "write_json", full)
     with folder_change(folder) as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome == (f"nothing in {folder} changed: [Errno {errno.ENOSPC}] No space left on device: "
@@ -533,7 +533,7 @@ class _Libc:
 
 @pytest.mark.parametrize("err", [None, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, 0])
 def test_where_the_file_system_cannot_exchange_two_renames_swap_the_change_in(tmp_path, monkeypatch, err):
-    import autotune.folder_change as fc
+    import autotune.folder.change as fc
 
     folder = _folder(tmp_path, {"a.json": "old", "b.json": "b"})
     monkeypatch.setattr(fc.ctypes, "CDLL", lambda *a, **k: _Libc(err))
@@ -548,7 +548,7 @@ def test_an_old_copy_that_cannot_be_removed_leaves_the_change_in(tmp_path, monke
     """The change is in once swapped: an old copy left behind (a file busy on NFS) is no failure of it.
     Exchanged, the old copy is a staged one the next writer's lock clears; after two renames it is kept
     as `.old-` (where a writer died between the renames, that is the only copy of the folder)."""
-    import autotune.folder_change as fc
+    import autotune.folder.change as fc
 
     folder = _folder(tmp_path, {"a.json": "old"})
     if not exchange:
@@ -570,7 +570,7 @@ def test_an_old_copy_that_cannot_be_removed_leaves_the_change_in(tmp_path, monke
 
 
 def test_a_swap_refused_for_another_reason_changes_nothing_and_says_why(tmp_path, monkeypatch):
-    import autotune.folder_change as fc
+    import autotune.folder.change as fc
 
     folder = _folder(tmp_path, {"a.json": "old"})
     before = _bytes(folder)
@@ -585,7 +585,7 @@ def test_a_swap_refused_for_another_reason_changes_nothing_and_says_why(tmp_path
 
 
 def test_where_the_second_rename_fails_the_old_folder_is_put_back(tmp_path, monkeypatch):
-    import autotune.folder_change as fc
+    import autotune.folder.change as fc
 
     folder = _folder(tmp_path, {"a.json": "old"})
     before = _bytes(folder)
@@ -612,7 +612,7 @@ def test_links_in_the_folder_stay_links(tmp_path):
 
 
 def test_folder_sha256_reads_regular_files_only_and_sets_validates_outputs_aside_at_the_top(tmp_path):
-    from autotune.folder_change import folder_hashes, folder_sha256
+    from autotune.folder.change import folder_hashes, folder_sha256
 
     folder = _folder(tmp_path, {"b.json": "b", "a/report.md": "r", "validation.json": "v", "report.md": "r",
                                 "validation.png": "p", "validation_runs/x.json": "x", "a/validation_runs/y": "y",
@@ -634,7 +634,7 @@ def test_folder_sha256_reads_regular_files_only_and_sets_validates_outputs_aside
 
 
 def test_unvouched_names_each_file_added_changed_or_missing(tmp_path):
-    from autotune.folder_change import folder_hashes, unvouched
+    from autotune.folder.change import folder_hashes, unvouched
 
     folder = _folder(tmp_path, {"configs/a.json": "a", "configs/b.json": "b", "notes.txt": "n", "z.json": "z",
                                 "provenance.json": "{}"})

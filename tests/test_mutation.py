@@ -152,9 +152,10 @@ def test_only_narrows_the_run_to_the_mutant_patterns_it_matches():
     (main refuses it in one line) rather than all."""
     runner = _runner()
     assert runner.chosen(None) == runner.MUTANTS
-    assert runner.chosen(["autotune.folder_change*"]) == ("autotune.folder_change.*",)
-    choice = runner.chosen(["autotune.choice.*"])
-    assert "autotune.choice.x_pins_over_default_*" in choice and "autotune.measure.*" not in choice
-    assert runner.chosen(["autotune.select.*", "autotune.measure.*"]) == ("autotune.measure.*", "autotune.select.*")
+    assert runner.chosen(["autotune.folder.change*"]) == ("autotune.folder.change.*",)
+    sieve = runner.chosen(["autotune.search.sieve.*"])
+    assert "autotune.search.sieve.x_pins_over_default_*" in sieve and "autotune.measure.timing.*" not in sieve
+    assert runner.chosen(["autotune.families.triton_moe.pairs.*", "autotune.measure.timing.*"]) == \
+        ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*")
     assert runner.chosen(["autotune.nothing*"]) == ()
 
