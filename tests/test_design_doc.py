@@ -44,3 +44,19 @@ def test_the_table_parser_reads_tiers_and_names():
     text = "## Folders by role\n\n| tier | folder | holds |\n|---|---|---|\n| 0 | `errors.py`, `fileio/` | x |\n" \
            "| 6 | `families/<family>/` | y |\n\n## Next\n| 9 | `other/` | z |\n"
     assert table_tiers(text) == {"errors": 0, "fileio": 0, "FAMILY_PACKAGES": 6}
+
+
+def test_every_catalog_gpu_has_what_the_checklist_asks_for():
+    """DESIGN.md's "A GPU model": a catalog row is all a known architecture needs, and a new architecture's
+    section is in the search space."""
+    from autotune.families.spaces import load
+    from autotune.gpus.catalog import CATALOG, SMEM_OPTIN
+    from autotune.gpus.device import planned_gpu
+
+    sections = set(load("triton_moe")["arch"])
+    for gpu in CATALOG:
+        assert gpu.sm in SMEM_OPTIN, gpu.name
+        assert gpu.arch in sections, f"{gpu.name}: no {gpu.arch} section in search_spaces/triton_moe.yaml"
+        dev = planned_gpu(gpu.name)
+        assert (dev.sm, dev.smem_optin, dev.num_sms) == (gpu.sm, gpu.smem_optin, gpu.num_sms)
+        assert dev.file_name == gpu.name.replace(" ", "_")
