@@ -180,7 +180,7 @@ def run(req: RunRequest) -> RunResult:
                       f"recording; tuning {','.join(map(str, p.batch_sizes))}")
         if any(registry.get(k).step == registry.CONFIGS for k in kernels):
             print_shared(exp)
-        from autotune.search.study import Clock
+        from autotune.search.context import Clock
         clock = Clock(pool)
         steps = opening.by_step(plans)
         configs_written = False

@@ -7,6 +7,7 @@ import json
 import optuna
 import pytest
 
+from autotune.search.context import SearchContext
 from autotune.search.sieve import BackendTuner, tactic_id
 from autotune.gpus.device import DeviceInfo
 from autotune.export import tactics as tactic_files
@@ -28,7 +29,7 @@ def tuned():
     settings = Settings(family=fam.spec, on_cpu=True, routings=1, repeats=5)
     storage = optuna.storages.InMemoryStorage()
     with WorkerPool(settings, n_workers=2, timeout_s=30) as pool:
-        tuner = BackendTuner(storage, PROBLEM, fam, DEVICE, pool, careful_repeats=7)
+        tuner = BackendTuner(SearchContext(storage, DEVICE, pool), PROBLEM, fam, careful_repeats=7)
         tuner.measure()
         choices = tuner.select()
         pinned = tuner.tactic_choices()

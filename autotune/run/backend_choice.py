@@ -17,6 +17,7 @@ def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dic
     backend per server for the decode and prefill mixes; server_args.yaml."""
     from tqdm import tqdm
 
+    from autotune.search.context import SearchContext
     from autotune.search.sieve import BackendTuner, server_choice
     from autotune.export import server_args
     from autotune.run.report import backend_table, format_table, table_records, tactic_table
@@ -31,7 +32,7 @@ def run_backend_choice(req, plans, device, pool, storage, dev_name, summary: dic
         for p in fp.problems:
             with tqdm(total=len(fp.family.space(p, "layer", device).params["backend"]), unit="backend",
                       desc=f"{fp.name} {p.key}", file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
-                t = BackendTuner(storage, p, fp.family, device, pool, progress=bar, study_device=dev_name)
+                t = BackendTuner(SearchContext(storage, device, pool, run_name=dev_name), p, fp.family, progress=bar)
                 t.measure()
             choices = t.select()
             tuners.append(t)

@@ -16,6 +16,7 @@ def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, s
     """Search, select and export each problem of `fp`; True when a file was written for one of them."""
     from tqdm import tqdm
 
+    from autotune.search.context import SearchContext
     from autotune.search.study import ProblemTuner
 
     family = fp.family
@@ -25,8 +26,8 @@ def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, s
         t0 = time.monotonic()
         with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
                   desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
-            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
-                                 study_device=dev_name)
+            tuner = ProblemTuner(SearchContext(storage, device, pool, settings, dev_name, clock), p, family,
+                                 progress=bar)
             bar.update(sum(s.asked for s in tuner.slots.values()))
             tuner.measure_baselines()
             tuner.search()

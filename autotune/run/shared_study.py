@@ -19,7 +19,8 @@ def search_shared(req) -> None:
     the storage; stops when every study has its trials. Selection and files: `autotune export`."""
     from tqdm import tqdm
 
-    from autotune.search.study import Clock, ProblemTuner
+    from autotune.search.context import Clock, SearchContext
+    from autotune.search.study import ProblemTuner
 
     budget = req.budget            # seconds (autotune.cli.inputs.seconds)
     warm = load_warm_start(req.warm_start)
@@ -35,8 +36,8 @@ def search_shared(req) -> None:
         for p in fp.problems:
             with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
                       desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
-                tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
-                                     study_device=name)
+                tuner = ProblemTuner(SearchContext(storage, device, pool, settings, name, clock), p, fp.family,
+                                     progress=bar)
                 tuner.measure_baselines()
                 tuner.search()
             print(f"{p.key}: {'complete' if tuner.complete() else 'stopped'}; this worker stored "
@@ -46,7 +47,8 @@ def search_shared(req) -> None:
 def export_shared(req) -> None:
     """Select per M (top candidates re-measured on this device or replay) and write the files,
     from a shared study. Refuses a study short of its trials unless --partial."""
-    from autotune.search.study import Clock, ProblemTuner
+    from autotune.search.context import Clock, SearchContext
+    from autotune.search.study import ProblemTuner
 
     if req.out is None:
         req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
@@ -63,8 +65,7 @@ def export_shared(req) -> None:
         change.begin()
         for p in plans[0].problems:
             t0 = time.monotonic()
-            tuner = ProblemTuner(storage, p, plans[0].family, device, pool, settings, clock=clock,
-                                 study_device=name)
+            tuner = ProblemTuner(SearchContext(storage, device, pool, settings, name, clock), p, plans[0].family)
             if not tuner.complete() and not req.partial:
                 done = sum(min(s.asked, settings.trials) for s in tuner.slots.values())
                 raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
