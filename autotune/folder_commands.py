@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.run.common import problems, shared_notes
+from autotune.problems.selection import problems, shared_notes
 
 
 # --- shapes ----------------------------------------------------------------------------------
