@@ -11,7 +11,7 @@ from pathlib import Path
 
 from autotune.errors import UsageError
 from autotune.families import registry
-from autotune.run.common import problems, shared_notes
+from autotune.problems.selection import problems, shared_notes
 
 
 # --- shapes ----------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ def replayed_tuner(settings, pool_class=None):
     from autotune.problems.models import Problem
     from autotune.measure.records import read_cache
     from autotune.measure.replay import ReplayPool
+    from autotune.search.context import SearchContext
     from autotune.search.study import ProblemTuner
 
     cache = read_cache(GRID)
     (pk, pd), = cache.problems.items()
     pool = (pool_class or ReplayPool)(cache)
-    tuner = ProblemTuner(optuna.storages.InMemoryStorage(), Problem.from_dict(pd), get_family("triton_moe"),
-                         pool.device, pool, settings)
+    tuner = ProblemTuner(SearchContext(optuna.storages.InMemoryStorage(), pool.device, pool, settings),
+                         Problem.from_dict(pd), get_family("triton_moe"))
     return tuner, pool, cache, pk
 
 

@@ -5,6 +5,7 @@ import argparse
 import optuna
 import pytest
 
+from autotune.search.context import SearchContext
 from autotune.search.sieve import BackendTuner
 from autotune.search.server_choice import server_choice
 from autotune.gpus.device import DeviceInfo
@@ -26,7 +27,7 @@ def run(tmp_path_factory):
     fam = FaultyBackends()
     settings = Settings(family="tests.faulty_backends:FaultyBackends", on_cpu=True, routings=1, repeats=5)
     with WorkerPool(settings, n_workers=3, timeout_s=6) as pool:
-        tuner = BackendTuner(optuna.storages.InMemoryStorage(), PROBLEM, fam, DEVICE, pool, careful_repeats=7)
+        tuner = BackendTuner(SearchContext(optuna.storages.InMemoryStorage(), DEVICE, pool), PROBLEM, fam, careful_repeats=7)
         tuner.measure()
         choices = tuner.select()
     decode = server_choice(fam, DEVICE, [tuner], "decode")

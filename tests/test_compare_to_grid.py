@@ -17,7 +17,7 @@ def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h
     choices = {}
     for M in qwen397_bf16.batch_sizes:
         up, down = compare_to_grid.grid_best_pair(grid_cache, pk, M)
-        choices[M] = Choice.pair(M, up.config, down.config, up.time_us, down.time_us, "tuned")
+        choices[M] = Choice.pair(M, (up.config, down.config), (up.time_us, down.time_us), "tuned")
     export_problem(tmp_path, h200, qwen397_bf16, choices, run={})
     folder = tmp_path / h200.file_name
     assert compare_to_grid.main(["--configs", str(folder), "--grid", str(GRID)]) == 0

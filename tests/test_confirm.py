@@ -26,7 +26,7 @@ def choice(M, shipped=True):
         rows.append({"source": "shipped", "gate_up": pair(32, 128)[0], "down": pair(32, 128)[1], "gate_up_us": 11.0,
                      "down_us": 6.0, "total_us": 17.0})
     g, d = pair(16, 64)
-    return Choice.pair(M, g, d, 10.0, 5.0, "tuned", {"default": 21.0, "shipped": 17.0 if shipped else None}, rows)
+    return Choice.pair(M, (g, d), (10.0, 5.0), "tuned", {"default": 21.0, "shipped": 17.0 if shipped else None}, rows)
 
 
 def timer_for(times, spread=0.005, seen=None):

@@ -48,11 +48,11 @@ def test_a_failed_record_costs_the_recording_only_and_the_same_command_writes_it
 
 
 def test_a_failed_summary_is_one_line_after_the_files(tmp_path, capsys, monkeypatch):
-    from autotune.run import outputs
+    from autotune.run import sinks
 
     def broken(*a, **k):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(outputs, "write_summary", broken)
+    monkeypatch.setattr(sinks.Summary, "write", broken)
     _incomplete(capsys, main(_run(tmp_path, "--json", str(tmp_path / "s.json"))), "--json", "Permission denied")
     assert any(name.endswith("_down.json") for name in _files(tmp_path))
 
@@ -64,10 +64,11 @@ def test_a_failed_layer_check_keeps_the_picks_and_says_so(capsys):
     from autotune.run import config_search
     from autotune.gpus.device import DeviceInfo
     from autotune.problems.models import Problem
+    from autotune.run.sinks import Summary
 
     def out_of_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-    summary: dict = {}
+    summary = Summary()
     real = confirm.confirm_by_layer
     confirm.confirm_by_layer = out_of_memory
     try:
@@ -76,7 +77,7 @@ def test_a_failed_layer_check_keeps_the_picks_and_says_so(capsys):
     finally:
         confirm.confirm_by_layer = real
     assert layer == {}
-    assert summary["incomplete"] == ["the layer check of E=512,N=128,K=4096,topk=10,bf16 failed: OutOfMemoryError: "
+    assert summary.failures == ["the layer check of E=512,N=128,K=4096,topk=10,bf16 failed: OutOfMemoryError: "
                                      "CUDA out of memory. Tried to allocate 1.00 GiB"]
     assert "the same command does it again without measuring" in capsys.readouterr().out
 

@@ -24,7 +24,7 @@ def git(repo, *args):
 
 def tuned(tmp_path, name, times, cfg=A, gate=True, device=DEV):
     out = tmp_path / name
-    choices = {M: Choice.pair(M, cfg, cfg, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
+    choices = {M: Choice.pair(M, (cfg, cfg), (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
     export_problem(out, device, P, choices, {})
     if gate is not None:
         validated(out / device.file_name, gate)

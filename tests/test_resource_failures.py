@@ -11,6 +11,7 @@ from autotune.measure.measurer import classify
 from autotune.problems.models import Problem
 from autotune.measure.records import Measurement, is_resource_failure
 from autotune.store.storage import ATTR, Store
+from autotune.search.context import SearchContext
 from autotune.search.study import ProblemTuner, TuneSettings
 from autotune.measure.tasks import Settings, Task, run_tasks
 from autotune.measure.pool import WorkerPool
@@ -93,8 +94,8 @@ def test_a_study_never_stores_a_resource_failure(state, tmp_path):
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     settings = Settings(family=OomFaulty.spec, on_cpu=True, routings=1)
     with WorkerPool(settings, n_workers=2, timeout_s=60) as pool:
-        tuner = ProblemTuner(storage, PROBLEM, OomFaulty(), cpu_interpreter(), pool,
-                             TuneSettings(trials=2, startup=2, neighbours=1))
+        tuner = ProblemTuner(SearchContext(storage, cpu_interpreter(), pool,
+                                           TuneSettings(trials=2, startup=2, neighbours=1)), PROBLEM, OomFaulty())
         tuner.search()
     stored = [Measurement.from_dict(t.user_attrs[ATTR]) for s in optuna.get_all_study_summaries(storage)
               for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials()
@@ -124,7 +125,7 @@ def test_an_old_storages_out_of_memory_rows_are_measured_again_on_resume(state, 
 
     settings = Settings(family=OomFaulty.spec, on_cpu=True, routings=1)
     with WorkerPool(settings, n_workers=1, timeout_s=60) as pool:
-        tuner = ProblemTuner(storage, PROBLEM, fam, dev, pool, TuneSettings(trials=2, startup=2, neighbours=0))
+        tuner = ProblemTuner(SearchContext(storage, dev, pool, TuneSettings(trials=2, startup=2, neighbours=0)), PROBLEM, fam)
         assert tuner.known("g", 1, {"mode": "oom_once"}) is None           # read as not measured
         assert not tuner.careful                                              # the careful one too
         tuner.search()

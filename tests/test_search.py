@@ -6,6 +6,7 @@ from autotune.families.protocol import get_family
 from autotune.measure.records import Measurement, config_key
 from autotune.measure.replay import ReplayPool
 from autotune.families.triton_moe.pairs import candidate_pairs
+from autotune.search.context import SearchContext
 from autotune.search.study import ProblemTuner, TuneSettings
 
 
@@ -31,8 +32,8 @@ def _tuner(grid_cache, **kw):
 
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8, 32]})
     pool = ReplayPool(grid_cache)
-    t = ProblemTuner(optuna.storages.InMemoryStorage(), p, get_family("triton_moe"), pool.device, pool,
-                     TuneSettings(**kw))
+    t = ProblemTuner(SearchContext(optuna.storages.InMemoryStorage(), pool.device, pool, TuneSettings(**kw)), p,
+                     get_family("triton_moe"))
     return t, pool
 
 
@@ -128,7 +129,7 @@ def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
     pool = InterruptedPool(grid_cache)
-    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=5, seed=4))
+    t = ProblemTuner(SearchContext(storage, pool.device, pool, TuneSettings(trials=5, seed=4)), p, get_family("triton_moe"))
     t.measure_baselines()
     pool.armed = True
     in_flight = []
@@ -146,7 +147,7 @@ def test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes(grid_cache, 
     assert not [tr for s in t.slots.values() for tr in s.study.trials if tr.state == optuna.trial.TrialState.RUNNING]
 
     again = ReplayPool(grid_cache)
-    t2 = ProblemTuner(storage, p, get_family("triton_moe"), again.device, again, TuneSettings(trials=5, seed=4))
+    t2 = ProblemTuner(SearchContext(storage, again.device, again, TuneSettings(trials=5, seed=4)), p, get_family("triton_moe"))
     t2.measure_baselines()
     t2.search()
     assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())
@@ -186,7 +187,7 @@ def _resumable_run(grid_cache, storage):
 
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
     pool = ReplayPool(grid_cache)
-    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=8, seed=4))
+    t = ProblemTuner(SearchContext(storage, pool.device, pool, TuneSettings(trials=8, seed=4)), p, get_family("triton_moe"))
     t.measure_baselines()
     t.search()
 
@@ -253,7 +254,7 @@ def test_a_stop_arriving_inside_any_storage_write_lands_after_it_and_the_run_res
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     p = Problem.from_dict({**next(iter(grid_cache.problems.values())), "batch_sizes": [1, 8]})
     pool = ReplayPool(grid_cache)
-    t = ProblemTuner(storage, p, get_family("triton_moe"), pool.device, pool, TuneSettings(trials=5, seed=4))
+    t = ProblemTuner(SearchContext(storage, pool.device, pool, TuneSettings(trials=5, seed=4)), p, get_family("triton_moe"))
     t.measure_baselines()
     calls = {"began": 0, "ended": 0, "at": None}
 
@@ -284,7 +285,7 @@ def test_a_stop_arriving_inside_any_storage_write_lands_after_it_and_the_run_res
                 assert tr.params in queued or not tr.params
 
     again = ReplayPool(grid_cache)
-    t2 = ProblemTuner(storage, p, get_family("triton_moe"), again.device, again, TuneSettings(trials=5, seed=4))
+    t2 = ProblemTuner(SearchContext(storage, again.device, again, TuneSettings(trials=5, seed=4)), p, get_family("triton_moe"))
     t2.measure_baselines()
     t2.search()
     assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())

@@ -75,7 +75,7 @@ def test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_the_baseline():
 
 
 def test_a_choice_reads_back_as_it_was_written():
-    pair = Choice.pair(8, cfg(16), cfg(16, 32), 2.0, 3.0, "shipped", {"default": 6.0, "shipped": 5.0}, [{"x": 1}])
+    pair = Choice.pair(8, (cfg(16), cfg(16, 32)), (2.0, 3.0), "shipped", {"default": 6.0, "shipped": 5.0}, [{"x": 1}])
     assert pair.total_us == 5.0 and pair.gate_up_us == 2.0 and pair.down_us == 3.0
     d = pair.to_dict()
     assert d["total_us"] == 5.0 and d["source"] == "shipped" and d["baseline_us"] == {"default": 6.0, "shipped": 5.0}

@@ -17,7 +17,7 @@ BIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE
 
 
 def _choice(M, up, down, t=10.0):
-    return Choice.pair(M, up, down, t / 2, t / 2, "tuned", {"default": 2 * t, "shipped": None})
+    return Choice.pair(M, (up, down), (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None})
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
     from autotune.fileio.writing import sha256
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
-    c = Choice.pair(8, UP, DOWN, 4.12345, 6.00049, "shipped", {"default": 12.34567, "shipped": None})
+    c = Choice.pair(8, (UP, DOWN), (4.12345, 6.00049), "shipped", {"default": 12.34567, "shipped": None})
     summary = export_problem(tmp_path, rtx, p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
     up, down, entry = _files(tmp_path, rtx, p)
     folder = config_dir(tmp_path, rtx)

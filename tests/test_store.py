@@ -100,7 +100,7 @@ def test_the_store_reads_back_what_was_committed_and_requeues_an_interrupted_ask
 def test_one_choice_keeps_each_familys_file_shape():
     """Triton pairs and backend layers are one Choice; each writes the keys its files always had
     (provenance, backend_choice.json) and reads back equal."""
-    pair = Choice.pair(8, {"BLOCK_SIZE_M": 16}, {"BLOCK_SIZE_M": 16}, 3.0, 1.5, "shipped", {"default": 5.0}, [{"x": 1}])
+    pair = Choice.pair(8, ({"BLOCK_SIZE_M": 16}, {"BLOCK_SIZE_M": 16}), (3.0, 1.5), "shipped", {"default": 5.0}, [{"x": 1}])
     d = pair.to_dict()
     assert list(d) == ["M", "gate_up", "down", "gate_up_us", "down_us", "source", "baseline_us", "candidates",
                        "total_us"]

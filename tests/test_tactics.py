@@ -7,6 +7,8 @@ import json
 import optuna
 import pytest
 
+from autotune.search.context import SearchContext
+from autotune.run.sinks import Summary
 from autotune.search.sieve import BackendTuner, tactic_id
 from autotune.gpus.device import DeviceInfo
 from autotune.export import tactics as tactic_files
@@ -28,7 +30,7 @@ def tuned():
     settings = Settings(family=fam.spec, on_cpu=True, routings=1, repeats=5)
     storage = optuna.storages.InMemoryStorage()
     with WorkerPool(settings, n_workers=2, timeout_s=30) as pool:
-        tuner = BackendTuner(storage, PROBLEM, fam, DEVICE, pool, careful_repeats=7)
+        tuner = BackendTuner(SearchContext(storage, DEVICE, pool), PROBLEM, fam, careful_repeats=7)
         tuner.measure()
         choices = tuner.select()
         pinned = tuner.tactic_choices()
@@ -155,7 +157,7 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
     backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], Summary())
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
     assert AutoTuner().load_configs(str(cache))
@@ -175,7 +177,7 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
     backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], {})
+                                    [(PROBLEM, per_m) for per_m in tuner.pinned.values()], Summary())
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
     assert "3 winning tactics not written" in capsys.readouterr().out
@@ -191,7 +193,7 @@ def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tun
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
     backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
-                                    [(PROBLEM, per_m) for per_m in kept.values()], {})
+                                    [(PROBLEM, per_m) for per_m in kept.values()], Summary())
     out = capsys.readouterr().out
     assert not (tmp_path / device.file_name / tactic_files.CACHE_FILE).exists()
     assert "no tactic beat its backend's default (-1) beyond the noise" in out

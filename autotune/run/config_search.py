@@ -5,48 +5,89 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from autotune.errors import UsageError
+from autotune.errors import NothingDone, UsageError
 from autotune.folder.change import real, tuned_folder
-from autotune.run.common import after_search, no_bar, record_measurements, triton_settings
+from autotune.run.context import Step
+from autotune.run.sinks import after_search
 
 
-def run_configs(req, fp, device, pool, storage, budget, clock, dev_name, warm, summary: dict) -> bool:
+@dataclass
+class ConfigSearch(Step):
+    """The Triton-config families' plans. Its check: the --device-name values, then (a run that writes)
+    every file the export will write is one autotune may overwrite."""
+    plans: list = field(default_factory=list)
+    wrote: bool = False
+
+    def check(self, ctx) -> None:
+        check_config_files(ctx, self.plans)
+
+    def run(self, ctx) -> None:
+        from autotune.families import registry
+        from autotune.run.plan import phase_name
+        from autotune.search.context import Clock
+
+        if not self.plans:
+            return
+        if hasattr(ctx.pool, "use_phase"):
+            ctx.pool.use_phase(phase_name(registry.CONFIGS))
+        ctx.clock = Clock(ctx.pool)       # the budget counts the search's device time, from here
+        for fp in self.plans:
+            self.wrote |= search_family(ctx, fp)
+
+    def nothing_done(self, ctx) -> Exception:
+        """Why the run ends without a file of these families (the lines above say what each problem lacked)."""
+        if ctx.sinks.summary.failures:
+            return ctx.sinks.summary.incomplete_error()
+        return NothingDone("no config of " + ", ".join(fp.name for fp in self.plans) + " ran correctly at any batch "
+                           "size: nothing written (the lines above say why)")
+
+
+def check_config_files(ctx, plans) -> None:
+    from autotune.errors import ExportError
+
+    skus = sku_names(ctx)
+    if ctx.plan_only:
+        return
+    try:
+        for fp in plans:
+            fp.family.export_targets(ctx.request.out, ctx.device, fp.problems, skus)
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+
+
+def search_family(ctx, fp) -> bool:
     """Search, select and export each problem of `fp`; True when a file was written for one of them."""
-    from tqdm import tqdm
-
     from autotune.search.study import ProblemTuner
 
-    family = fp.family
-    settings = triton_settings(req, budget, warm)
+    family, record = fp.family, ctx.sinks.record
     wrote = False
     for p in fp.problems:
         t0 = time.monotonic()
-        with tqdm(total=settings.trials * len(p.batch_sizes) * len(family.gemms), unit="trial",
-                  desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
-            tuner = ProblemTuner(storage, p, family, device, pool, settings, progress=bar, clock=clock,
-                                 study_device=dev_name)
+        with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
+                                    p.key) as bar:
+            tuner = ProblemTuner(ctx, p, family, progress=bar)
             bar.update(sum(s.asked for s in tuner.slots.values()))
             tuner.measure_baselines()
             tuner.search()
-        wrote |= select_and_export(req, tuner, device, clock, t0, summary)
-        if req.record:
-            after_search(summary, f"--record {req.record}", record_measurements, req.record, device, p,
+        wrote |= select_and_export(ctx, tuner, t0)
+        if record.path:
+            after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
                          (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
     if wrote:
-        after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                     req, device, family, folder_step=True)
+        after_search(ctx.sinks.summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
+                     ctx, family, folder_step=True)
     return wrote
 
 
-def sku_names(req, device) -> tuple[str, ...]:
+def sku_names(ctx) -> tuple[str, ...]:
     """--device-name values, checked before anything is measured."""
     from autotune.export.skus import SkuError, check_name
     from autotune.gpus.catalog import same_product
 
-    names = []
-    for raw in getattr(req, "device_name", None) or ():
+    device, names = ctx.device, []
+    for raw in ctx.request.device_name or ():
         try:
             name = check_name(raw)
         except SkuError as e:
@@ -60,12 +101,13 @@ def sku_names(req, device) -> tuple[str, ...]:
     return tuple(names)
 
 
-def overlay(req, device, family) -> None:
+def overlay(ctx, family) -> None:
     from autotune.families.triton_moe.overlay import overlay_shipped
     from autotune.export.skus import copy_for_skus
 
-    folder = tuned_folder(req.out, device)
-    skus = sku_names(req, device)
+    device = ctx.device
+    folder = tuned_folder(ctx.request.out, device)
+    skus = sku_names(ctx)
     for path in copy_for_skus(folder, device.name, list(skus)):
         print(f"  wrote {real(path)} (same configs, for another SKU)")
     rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
@@ -73,14 +115,15 @@ def overlay(req, device, family) -> None:
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
-def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
+def select_and_export(ctx, tuner, t0) -> bool:
     """Select each M's pair and write the problem's files (the family's `select` and `export`); False (nothing
     written) where no finalist, baselines included, ran correctly at any M: a file of `{}` would replace
     SGLang's shipped one."""
-    from autotune.run.report import format_table, problem_table, table_records
+    from autotune.run.report import problem_table, table_records
     from autotune.store.storage import safe_url
 
-    p, settings = tuner.problem, tuner.settings
+    p, settings, req, device = tuner.problem, tuner.settings, ctx.request, ctx.device
+    clock, summary = ctx.clock, ctx.sinks.summary
     choices = tuner.family.select(tuner, settings.top, settings.careful_repeats)
     if not choices:
         print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
@@ -93,7 +136,7 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
                 "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
                 "wall_seconds": round(time.monotonic() - t0, 1),
                 "storage": safe_url(req.storage or "sqlite:///autotune.db"),
-                "warm_start": getattr(req, "warm_start", None), "warm_start_configs": tuner.warm_queued,
+                "warm_start": req.warm_start, "warm_start_configs": tuner.warm_queued,
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
     written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, req.out, device, p,
@@ -105,17 +148,17 @@ def select_and_export(req, tuner, device, clock, t0, summary: dict) -> bool:
           f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
           f"included), device time {clock.device_s():.0f} s")
     table = problem_table(choices, trials)
-    print(format_table(table))
-    summary.setdefault(tuner.family.name, []).append(
-        {"problem": p.key, "per_M": table_records(table), "files": written["files"], "kept": written["kept"],
-         "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now})
+    ctx.sinks.report.table(table)
+    summary.add(tuner.family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
+                                    "kept": written["kept"], "evaluations": tuner.evaluations(),
+                                    "measured_this_run": tuner.measured_now})
     for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(written["files"]))
     for M in written["missing"]:
         why = why_no_pair(tuner, M)
         print(f"  M={M}: no key written: {why} (SGLang takes the nearest batch size's key)")
-        summary.setdefault("incomplete", []).append(f"{p.key} has no key for M={M} ({why})")
+        summary.incomplete(f"{p.key} has no key for M={M} ({why})")
     return True
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from autotune.errors import UsageError
 from autotune.families import registry
 from autotune.problems import models
+from autotune.problems.selection import Selection
+from autotune.run.context import Step
 
 
 class PlanError(ValueError):
@@ -48,13 +51,14 @@ def parse_kernels(text: str | None) -> list[str]:
     return names
 
 
-def build(kernels: list[str], chosen_models, tps, eps, dtypes, batch_sizes, device, cache=None,
+def build(kernels: list[str], chosen: Selection, device, cache=None,
           options: dict | None = None) -> tuple[models.Expansion, list[FamilyPlan]]:
-    """Plans per family. `dtypes` filters the dtypes of the families that take --dtype (None: all of
-    SGLang's Triton fused MoE); the fused-MoE problems at those dtypes are returned beside the plans."""
+    """Plans per family. `chosen.dtypes` filters the dtypes of the families that take --dtype (None: all
+    of SGLang's Triton fused MoE); the fused-MoE problems at those dtypes are returned beside the plans."""
     from autotune.families.protocol import get_family
 
     options = options or {}
+    chosen_models, tps, eps, dtypes, batch_sizes = chosen
     recorded = recorded_batch_sizes(cache)
     triton = models.expand(chosen_models, tps, eps, dtypes or models.TRITON_DTYPES, batch_sizes)
     plans = []
@@ -114,3 +118,66 @@ def family_plan(name: str, fam, problems, device, cache=None, recorded: dict | N
 
 def _ints(values) -> str:
     return ",".join(str(v) for v in values)
+
+
+def by_step(plans) -> dict:
+    """step (autotune.families.registry) -> the plans with problems it runs, in the order they came."""
+    out: dict = {}
+    for fp in plans:
+        if fp.problems:
+            out.setdefault(registry.get(fp.name).step, []).append(fp)
+    return out
+
+
+def phase_name(step) -> str:
+    """The memory plan's phase of a step (autotune.families.registry): the pool's limits change between them."""
+    return {registry.CONFIGS: "Triton configs", registry.BACKENDS: "backend choice"}[step]
+
+
+def refuse_nothing_to_tune(plans) -> None:
+    """A plan with no problem in any family: one line naming why for each (the run and its dry run)."""
+    if not any(fp.problems for fp in plans):
+        raise UsageError("nothing to tune on this device: " + "; ".join(
+            f"{fp.name}: {fp.unsupported or _why_none(fp)}" for fp in plans))
+
+
+def _why_none(fp) -> str:
+    whys = sorted({why for _, why in fp.skipped})
+    return "; ".join(whys[:2]) if whys else "no problems"
+
+
+def left_out_lines(plans, unrecorded: bool = True) -> list[str]:
+    """The families this device cannot run and the problems left out, each with why; `unrecorded`: and
+    the batch sizes a replay lacks, tuned without them."""
+    lines = []
+    for fp in plans:
+        if fp.unsupported:
+            lines.append(f"not on this device: {fp.name}: {fp.unsupported}")
+            continue
+        lines += [f"skip {fp.name} {p.key}: {why}" for p, why in fp.skipped]
+        lines += [f"replay: {fp.name} {p.key}: batch sizes {','.join(map(str, lacking))} are not in the recording; "
+                  f"tuning {','.join(map(str, p.batch_sizes))}" for p, lacking in (fp.unrecorded if unrecorded else ())]
+    return lines
+
+
+class SayPlan(Step):
+    """The run's first words once it holds its storage and folder: the device, what is left out and
+    why, and the problems that share one SGLang file. Its check: something to tune."""
+
+    def check(self, ctx) -> None:
+        refuse_nothing_to_tune(ctx.plans)
+
+    def run(self, ctx) -> None:
+        from autotune.problems.selection import shared_notes
+
+        device = ctx.device
+        label = ("REPLAY of a recorded measurement cache (" + ctx.request.replay + "), not a live GPU"
+                 if device.is_replay else f"{device.kind}")
+        print(f"device: {device.name} (SM{device.sm}, {device.smem_optin} B smem) - {label}")
+        if device.kind == "cpu-interpreter":
+            print("warning: Triton CPU interpreter: timings exercise the pipeline and mean nothing about speed")
+        for line in left_out_lines(ctx.plans):
+            print(line)
+        if any(registry.get(k).step == registry.CONFIGS for k in ctx.kernels):
+            for line in shared_notes(ctx.expansion):
+                print(line)

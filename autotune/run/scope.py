@@ -1,5 +1,5 @@
 """What a run will do and roughly what it will cost, said before it starts (`run --dry-run` prints
-only this; every run prints it first).
+only this, with what it leaves out and what the defaults chose; every run says it first, SayScope).
 
 The cost model is the replay's (autotune.measure.replay): a measurement costs its recorded timing
 seconds plus its compile seconds shared by the recording's parallel compilers. Per measurement
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from autotune.families import registry
 from autotune.families.capabilities import runners
+from autotune.run.context import Step
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
 CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
@@ -129,3 +130,53 @@ def scope(plans, tps, trials: int, neighbours: int, budget_s: float | None, cach
 
 def _time(s: float) -> str:
     return f"~{s / 60:.0f} min" if s >= 90 else f"~{s:.0f} s"
+
+
+class SayScope(Step):
+    """The scope and the GPU memory plan, said as the run starts (after the pool, before the storage)."""
+
+    def run(self, ctx) -> None:
+        for line in scope_lines(ctx):
+            print(line)
+
+
+def scope_lines(ctx) -> list[str]:
+    from autotune.problems.selection import selection
+
+    req = ctx.request
+    lines = scope(ctx.plans, selection(req).tps, req.trials or 40, req.neighbours, req.budget, ctx.cache,
+                  ctx.device).lines
+    return lines + (ctx.memory.lines(ctx.device.name) if ctx.memory is not None else [])
+
+
+def say_dry_run(ctx) -> None:
+    """`run --dry-run`: the plan, its scope and what it leaves out, every check of the run's steps passed."""
+    from autotune.run.plan import left_out_lines
+
+    device = ctx.device
+    print(f"plan for {device.name} (SM{device.sm}, {device.smem_optin} B shared memory)"
+          + {"planned": ", named by --target-device: nothing is measured here", "replay": ", the replayed recording's GPU"}
+          .get(device.kind, ""))
+    for line in [*scope_lines(ctx), *left_out_lines(ctx.plans, unrecorded=False), *default_scope_note(ctx.request)]:
+        print(line)
+
+
+def default_scope_note(req) -> list[str]:
+    """What the defaults chose, said where the user chose none of it (the default qwen3.5 scope is
+    about 1.6 h of Triton measurements alone on an H200). `req`: a RunRequest."""
+    from autotune.problems import models
+
+    said = []
+    if not req.model and not req.model_config and not req.only_drifted:
+        fam = req.shapes or "qwen3.5"
+        said.append(f"the {fam} family ({', '.join(m.name for m in models.select_models(fam))})")
+    if tuple(req.tp) == (1, 2, 4, 8):
+        said.append("every TP size (1,2,4,8)")
+    if not req.dtype:
+        said.append("every dtype the GPU supports")
+    if req.kernels in (None, "all"):
+        said.append(f"every kernel family ({', '.join(registry.names())})")
+    if not said:
+        return []
+    return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
+            "--kernels triton_moe, or bound it with --budget 1h"]

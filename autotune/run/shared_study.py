@@ -2,87 +2,79 @@
 selection and files written from the storage (`autotune export`)."""
 from __future__ import annotations
 
-import dataclasses
-import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-from autotune.errors import Incomplete, NothingDone, UsageError
-from autotune.run.common import after_search, load_warm_start, no_bar, triton_settings
-from autotune.run.config_search import overlay, select_and_export, sku_names
-from autotune.run.opening import open_device
-from autotune.run.outputs import open_storage_claimed, outputs_then_storage, run_name
+from autotune.errors import NothingDone, UsageError
+from autotune.run.config_search import check_config_files, overlay, select_and_export
+from autotune.run.context import Step
+from autotune.run.sinks import after_search
 
 
-def search_shared(req) -> None:
-    """Search the run's studies together with any number of other workers (any hosts) sharing
-    the storage; stops when every study has its trials. Selection and files: `autotune export`."""
-    from tqdm import tqdm
+class SharedSearch(Step):
+    """`autotune worker`: search the run's studies together with any number of other workers (any
+    hosts) sharing the storage; stops when every study has its trials. Selection and files: `export`.
+    Its check: something to tune here."""
 
-    from autotune.search.study import Clock, ProblemTuner
-
-    budget = req.budget            # seconds (autotune.cli.inputs.seconds)
-    warm = load_warm_start(req.warm_start)
-    device, pool, cache, exp, plans, _ = open_device(req)
-    name = run_name(req, device)
-    with pool:
-        fp = plans[0]
+    def check(self, ctx) -> None:
+        fp = ctx.plans[0]
         if not fp.problems:          # before the storage is opened: nothing changes in it
             raise UsageError("nothing to tune on this device: " + (fp.unsupported or "no problems"))
-        storage = open_storage_claimed(req, device, name, shared=True)
-        settings = triton_settings(req, budget, warm)
-        clock = Clock(pool)
+
+    def run(self, ctx) -> None:
+        from autotune.search.context import Clock
+        from autotune.search.study import ProblemTuner
+
+        fp, settings = ctx.plans[0], ctx.settings
+        ctx.clock = Clock(ctx.pool)
         for p in fp.problems:
-            with tqdm(total=settings.trials * len(p.batch_sizes) * len(fp.family.gemms), unit="trial",
-                      desc=p.key, file=sys.stderr, disable=no_bar(req), dynamic_ncols=True) as bar:
-                tuner = ProblemTuner(storage, p, fp.family, device, pool, settings, progress=bar, clock=clock,
-                                     study_device=name)
+            with ctx.sinks.progress.bar(settings.trials * len(p.batch_sizes) * len(fp.family.gemms), "trial",
+                                        p.key) as bar:
+                tuner = ProblemTuner(ctx, p, fp.family, progress=bar)
                 tuner.measure_baselines()
                 tuner.search()
             print(f"{p.key}: {'complete' if tuner.complete() else 'stopped'}; this worker stored "
                   f"{tuner.stored_trials} trial measurements ({tuner.measured_now} device measurements)")
 
 
-def export_shared(req) -> None:
-    """Select per M (top candidates re-measured on this device or replay) and write the files,
-    from a shared study. Refuses a study short of its trials unless --partial."""
-    from autotune.search.study import Clock, ProblemTuner
+@dataclass
+class ExportStudy(Step):
+    """`autotune export`: select per M (top candidates re-measured on this device or replay) and write
+    the files, from a shared study. Refuses a study short of its trials unless --partial. Its check:
+    something to tune, the --device-name values, every file it writes ours to overwrite; what it reads
+    in the storage is checked as the storage is opened, before the claim (`studies_there`)."""
+    partial: bool = False
 
-    if req.out is None:
-        req = dataclasses.replace(req, out="tuned_configs/replay" if req.replay else "tuned_configs")
-    device, pool, cache, exp, plans, _ = open_device(req)
-    skus = sku_names(req, device)
-    name = run_name(req, device)
-    storage = outputs_then_storage(req, device, pool, plans, skus, name,
-                                   read_first=lambda st: _studies_there(st, plans[0], name, req.partial))
-    settings = triton_settings(req, None, load_warm_start(req.warm_start))
-    clock = Clock(pool)
-    wrote, summary = False, {}
-    from autotune.folder.change import folder_change
-    with pool, folder_change(Path(req.out) / device.file_name) as change:
-        change.begin()
-        for p in plans[0].problems:
+    def check(self, ctx) -> None:
+        from autotune.run.plan import refuse_nothing_to_tune
+
+        refuse_nothing_to_tune(ctx.plans)
+        check_config_files(ctx, ctx.plans)
+
+    def run(self, ctx) -> None:
+        from autotune.search.context import Clock
+        from autotune.search.study import ProblemTuner
+
+        plan, settings, summary = ctx.plans[0], ctx.settings, ctx.sinks.summary
+        ctx.clock = Clock(ctx.pool)
+        wrote = False
+        for p in plan.problems:
             t0 = time.monotonic()
-            tuner = ProblemTuner(storage, p, plans[0].family, device, pool, settings, clock=clock,
-                                 study_device=name)
-            if not tuner.complete() and not req.partial:
+            tuner = ProblemTuner(ctx, p, plan.family)
+            if not tuner.complete() and not self.partial:
                 done = sum(min(s.asked, settings.trials) for s in tuner.slots.values())
                 raise UsageError(f"{p.key}: study is partial ({done} of {settings.trials * len(tuner.slots)} "
                                  f"trials); nothing exported (--partial exports it anyway)")
             tuner.measure_baselines()
-            wrote |= select_and_export(req, tuner, device, clock, t0, summary)
-        if not wrote and not summary.get("incomplete"):
+            wrote |= select_and_export(ctx, tuner, t0)
+        if not wrote and not summary.failures:
             raise NothingDone("no config ran correctly at any batch size in the study: nothing exported")
         if wrote:
             after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                         req, device, plans[0].family, folder_step=True)
-    if change.outcome:
-        summary.setdefault("incomplete", []).append(change.outcome)
-    if summary.get("incomplete"):
-        raise Incomplete("; ".join(summary["incomplete"]))
+                         ctx, plan.family, folder_step=True)
 
 
-def _studies_there(storage, plan, run: str, partial: bool) -> None:
+def studies_there(storage, plan, run: str, partial: bool) -> None:
     """Every study export would read is in the storage, checked before any is opened (opening creates
     a missing one): a problem the run never measured is said, not exported from empty studies."""
     import optuna

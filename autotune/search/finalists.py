@@ -84,10 +84,10 @@ class Choice:
     candidates: list = field(default_factory=list)    # the finalists, scored
 
     @classmethod
-    def pair(cls, M: int, gate_up: dict, down: dict, gate_up_us: float, down_us: float, source: str = TUNED,
+    def pair(cls, M: int, configs: tuple[dict, dict], times: tuple[float, float], source: str = TUNED,
              baseline_us: dict | None = None, candidates: list | None = None) -> "Choice":
-        """A Triton MoE (gate_up, down) pair."""
-        return cls(M, {"gate_up": gate_up, "down": down}, {"gate_up": gate_up_us, "down": down_us}, source,
+        """A Triton MoE pair: `configs` (gate_up, down) and their re-measured `times`, in that order."""
+        return cls(M, dict(zip(("gate_up", "down"), configs)), dict(zip(("gate_up", "down"), times)), source,
                    dict(baseline_us or {}), list(candidates or []))
 
     @classmethod
@@ -123,5 +123,5 @@ class Choice:
     def from_dict(cls, d: dict) -> "Choice":
         if "config" in d:
             return cls.layer(d["M"], d["config"], d["time_us"], d.get("auto_us"), d.get("candidates"))
-        return cls.pair(d["M"], d["gate_up"], d["down"], d["gate_up_us"], d["down_us"], d.get("source", TUNED),
+        return cls.pair(d["M"], (d["gate_up"], d["down"]), (d["gate_up_us"], d["down_us"]), d.get("source", TUNED),
                         d.get("baseline_us"), d.get("candidates"))

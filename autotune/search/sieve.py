@@ -19,6 +19,7 @@ import zlib
 import optuna
 
 from autotune.measure import records
+from autotune.search.context import SearchContext
 from autotune.search.finalists import TUNED, Choice, Finalist, remeasure, score, winner
 from autotune.families.backend_family import LAYER
 from autotune.measure.timing import noise
@@ -50,9 +51,10 @@ def pins_over_default(tactic: Measurement | None, default: Measurement | None) -
 
 
 class BackendTuner:
-    def __init__(self, storage, problem, family, device, pool, progress=None, study_device: str | None = None,
-                 careful_repeats: int = 21, top: int = 3):
-        self.problem, self.family, self.device, self.pool = problem, family, device, pool
+    def __init__(self, ctx: SearchContext, problem, family, progress=None, careful_repeats: int = 21, top: int = 3):
+        """`ctx`: where it stores and measures (its settings and clock are the Triton search's only)."""
+        device = ctx.device
+        self.problem, self.family, self.device, self.pool = problem, family, device, ctx.pool
         self.progress, self.careful_repeats, self.top = progress, careful_repeats, top
         self.Ms = list(problem.batch_sizes)
         self.names = tuple(family.space(problem, "layer", device).params["backend"])
@@ -62,9 +64,9 @@ class BackendTuner:
         self.dists = {"backend": optuna.distributions.CategoricalDistribution(declared or ("none",)),
                       "tactic": optuna.distributions.IntDistribution(-1, 2_000_000_000)}
         # The exhaustive strategy over the store: every backend (and tactic) at every M, no sampler.
-        self.store = Store(storage, {(LAYER, M): self.dists for M in self.Ms})
+        self.store = Store(ctx.storage, {(LAYER, M): self.dists for M in self.Ms})
         for M in self.Ms:
-            self.store.open((LAYER, M), backend_study_name(family.name, study_device or device.file_name, problem.key, M))
+            self.store.open((LAYER, M), backend_study_name(family.name, ctx.study_device(), problem.key, M))
             self.store.sync((LAYER, M))
         self.studies = {M: self.store.studies[LAYER, M] for M in self.Ms}
         self.measured = {M: self.store.measured[LAYER, M] for M in self.Ms}   # M -> config_key -> Measurement

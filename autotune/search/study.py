@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import optuna
 
@@ -34,23 +34,8 @@ from autotune.measure.records import Measurement, config_key
 from autotune.search.policy import SearchPolicy, trailing_duplicates
 from autotune.store.storage import ATTR, Store, config_study_name, fail_reason
 from autotune.measure.tasks import Task, run_tasks
+from autotune.search.context import Clock, SearchContext, TuneSettings
 from autotune.search.warm_start import fit
-
-
-
-@dataclass
-class TuneSettings:
-    trials: int = 40                 # measured asks per (GEMM, M) study
-    budget_s: float | None = None    # device seconds for the whole run
-    neighbours: int = 1
-    seed: int = 0
-    startup: int = 6                 # random trials before TPE models a study
-    top: int = 3                     # candidates re-measured before a winner is declared
-    careful_repeats: int = 21
-    max_evaluations: int | None = None   # stop asking after this many device measurements
-    polish: float = 0.3              # last share of each study's trials: one-step moves around its top configs
-    use_shipped: bool = True         # seed with SGLang's shipped config (benchmarks turn it off)
-    warm_start: object = None        # autotune.search.warm_start.WarmStart: another study's best configs first
 
 
 def distributions(space) -> dict:
@@ -72,25 +57,17 @@ class Slot:
     exhausted: bool = False
 
 
-@dataclass
-class Clock:
-    pool: object
-    start: float = field(default_factory=time.monotonic)
-
-    def device_s(self) -> float:
-        charged = getattr(self.pool, "charged_s", None)
-        return charged if charged is not None else time.monotonic() - self.start
-
-
 class ProblemTuner:
     """Search, baselines and the measurement index of one problem."""
 
-    def __init__(self, storage, problem, family, device, pool, settings: TuneSettings, progress=None,
-                 clock: Clock | None = None, study_device: str | None = None):
-        self.problem, self.family, self.device, self.pool = problem, family, device, pool
-        self.settings = settings
+    def __init__(self, ctx: SearchContext, problem, family, progress=None):
+        """`ctx`: where it stores and measures, its settings and clock; `progress`: a bar (tqdm's
+        update and set_postfix_str) told of each measured trial."""
+        device, storage = ctx.device, ctx.storage
+        self.problem, self.family, self.device, self.pool = problem, family, device, ctx.pool
+        self.settings = ctx.settings or TuneSettings()
         self.progress = progress
-        self.clock = clock or Clock(pool)
+        self.clock = ctx.clock or Clock(ctx.pool)
         self.Ms = list(problem.batch_sizes)
         self.spaces = {g: family.space(problem, g, device) for g in family.gemms}
         self.dists = {g: distributions(s) for g, s in self.spaces.items()}
@@ -110,7 +87,7 @@ class ProblemTuner:
         self.slots: dict = {}
         for g in family.gemms:
             for M in self.Ms:
-                name = config_study_name(family.name, study_device or device.file_name, problem.key, g, M)
+                name = config_study_name(family.name, ctx.study_device(), problem.key, g, M)
                 study = self.store.open((g, M), name)
                 self.slots[g, M] = Slot(g, M, study)
                 if "ladders" not in study.user_attrs:

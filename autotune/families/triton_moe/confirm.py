@@ -48,7 +48,7 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
                "spread": round(v["noise"], 4)}
         src = baselines[M][v["side"]]
         if v["slower"] and (src["gate_up"], src["down"]) != (c.gate_up, c.down):
-            choices[M] = Choice.pair(M, src["gate_up"], src["down"], src["gate_up_us"], src["down_us"], src["source"],
+            choices[M] = Choice.pair(M, (src["gate_up"], src["down"]), (src["gate_up_us"], src["down_us"]), src["source"],
                                      c.baseline_us, c.candidates)
             rec.update(switched_to=src["source"], margin=round(row["tuned µs"] / v["us"] - 1, 4))
         else:

@@ -56,6 +56,6 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
         rows = [{"source": s.finalist.source, "gate_up": s.finalist.configs["gate_up"],
                  "down": s.finalist.configs["down"], "total_us": s.total_us,
                  "gate_up_us": s.times["gate_up"], "down_us": s.times["down"]} for s in scored]
-        choices[M] = Choice.pair(M, win.finalist.configs["gate_up"], win.finalist.configs["down"], win.times["gate_up"],
-                                 win.times["down"], win.finalist.source, baseline_us, rows)
+        choices[M] = Choice.pair(M, (win.finalist.configs["gate_up"], win.finalist.configs["down"]),
+                                 (win.times["gate_up"], win.times["down"]), win.finalist.source, baseline_us, rows)
     return choices

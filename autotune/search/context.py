@@ -1,0 +1,47 @@
+"""What a search takes from the command that runs it, in one value (as TVM MetaSchedule's TuneContext):
+where its studies are stored and under which run name, the device and the pool it measures on, the
+clock its budget reads and the Triton-config search's settings. The command's own context
+(autotune.run.context.RunContext) is one of these with the rest of the run beside it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TuneSettings:
+    trials: int = 40                 # measured asks per (GEMM, M) study
+    budget_s: float | None = None    # device seconds for the whole run
+    neighbours: int = 1
+    seed: int = 0
+    startup: int = 6                 # random trials before TPE models a study
+    top: int = 3                     # candidates re-measured before a winner is declared
+    careful_repeats: int = 21
+    max_evaluations: int | None = None   # stop asking after this many device measurements
+    polish: float = 0.3              # last share of each study's trials: one-step moves around its top configs
+    use_shipped: bool = True         # seed with SGLang's shipped config (benchmarks turn it off)
+    warm_start: object = None        # autotune.search.warm_start.WarmStart: another study's best configs first
+
+
+@dataclass
+class Clock:
+    pool: object
+    start: float = field(default_factory=time.monotonic)
+
+    def device_s(self) -> float:
+        charged = getattr(self.pool, "charged_s", None)
+        return charged if charged is not None else time.monotonic() - self.start
+
+
+@dataclass
+class SearchContext:
+    storage: object = None           # the Optuna storage the studies live in
+    device: object = None            # autotune.gpus.device.DeviceInfo measured on (or replayed)
+    pool: object = None              # the measuring pool: workers on the GPU, or the replay
+    settings: TuneSettings | None = None
+    run_name: str | None = None      # the studies' run name (None: the device's file name)
+    clock: Clock | None = None       # None: each tuner starts its own on the pool
+
+    def study_device(self) -> str:
+        """The run name studies are named after."""
+        return self.run_name or self.device.file_name
