@@ -17,14 +17,14 @@ def sglang_align_block_size(topk_ids, block_m: int, num_experts: int):
         except Exception:
             from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
 
-            # It stands in for sgl_kernel's op, which SGLang's wrapper calls with these nine positional
-            # arguments (moe_align_block_size.py: topk_ids, num_experts + 1, block_size, sorted_ids,
-            # expert_ids, num_tokens_post_pad, cumsum_buffer, pad, ignore_invalid_expert): the
-            # signature is SGLang's, not one to shorten.
-            def aot_compatible(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad, ignore_invalid=False):
-                if ignore_invalid:
+            # It stands in for sgl_kernel's op, which SGLang's wrapper calls with nine positional operands
+            # (moe_align_block_size.py: topk_ids, num_experts + 1, block_size, sorted_ids, expert_ids,
+            # num_tokens_post_pad, cumsum_buffer, pad, ignore_invalid_expert); the JIT op takes the first
+            # eight, and has no way to ignore invalid experts.
+            def aot_compatible(*operands):
+                if len(operands) > 8 and operands[8]:
                     raise RuntimeError("ignore_invalid_expert needs sgl_kernel")
-                jit_align(topk_ids, n_buckets, bs, sorted_ids, expert_ids, ntp, cumsum, pad)
+                jit_align(*operands[:8])
 
             wrapper_mod.sgl_moe_align_block_size = aot_compatible
         wrapper_mod._autotune_jit_align = True
