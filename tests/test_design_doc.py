@@ -61,3 +61,32 @@ def test_every_catalog_gpu_has_what_the_checklist_asks_for():
         dev = planned_gpu(gpu.name)
         assert (dev.sm, dev.smem_optin, dev.num_sms) == (gpu.sm, gpu.smem_optin, gpu.num_sms)
         assert dev.file_name == gpu.name.replace(" ", "_")
+
+
+def long_or_wide(source: str) -> list[tuple[str, int, int]]:
+    """(function, lines, parameters) of each function over 80 lines or 7 parameters (self/cls not counted)."""
+    import ast
+
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = n.args
+            params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+            params -= bool(a.args and a.args[0].arg in ("self", "cls"))
+            lines = n.end_lineno - n.lineno + 1
+            if lines > 80 or params > 7:
+                out.append((n.name, lines, params))
+    return out
+
+
+def test_no_function_is_over_80_lines_or_7_parameters():
+    """What travels together is one value (a dataclass, the run's context), and a step fits on a screen."""
+    found = {str(p.relative_to(PACKAGE.parent)): long_or_wide(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+    assert {p: f for p, f in found.items() if f} == {}
+
+
+def test_the_size_rule_finds_a_long_and_a_wide_function():
+    wide = "def f(a, b, c, d, e, f, g, *h):\n    pass\nclass C:\n    def m(self, a, b, c, d, e, f, g):\n        pass\n"
+    long = "def g():\n" + "    x = 1\n" * 80
+    assert long_or_wide(wide) == [("f", 2, 8)]
+    assert long_or_wide(long) == [("g", 81, 0)]
