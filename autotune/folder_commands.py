@@ -12,6 +12,7 @@ from pathlib import Path
 from autotune.errors import UsageError
 from autotune.families import registry
 from autotune.problems.selection import problems, shared_notes
+from autotune.folder.provenance import PROVENANCE
 
 
 # --- shapes ----------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
 
     src = Path(src) if src else None
     if src is None:
-        found = [d for d in Path("tuned_configs").glob("*") if (d / "provenance.json").exists()]
+        found = [d for d in Path("tuned_configs").glob("*") if (d / PROVENANCE).exists()]
         if len(found) != 1:
             raise UsageError("say which tuned folder to publish with --from (found "
                              f"{', '.join(str(d) for d in found) or 'none'} under tuned_configs/)")

@@ -19,6 +19,7 @@ from autotune.adapters import flashinfer_cache as fi
 from autotune.export.flashinfer import Parallel, Rank, ServerKey, sglang_cache_path
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
 from autotune.fileio.reading import load_json
+from autotune.folder.provenance import PROVENANCE
 
 
 class InstallError(ValueError):
@@ -287,7 +288,7 @@ def _from_server_args(folder: Path) -> str:
 
 
 def _sm(folder: Path) -> int:
-    for name in ("backend_choice.json", "provenance.json"):
+    for name in ("backend_choice.json", PROVENANCE):
         path = folder / name
         if path.is_file():
             try:

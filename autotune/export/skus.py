@@ -29,10 +29,10 @@ def check_name(name: str) -> str:
 def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
     """Write each of the folder's tuned files again under each SKU name; returns the files written."""
     from autotune.folder.config_files import config_folder
-    from autotune.folder.provenance import PROVENANCE_OURS, ours_in, read_folder_provenance
+    from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
 
     folder = Path(device_folder)
-    prov_path = folder / "provenance.json"
+    prov_path = folder / PROVENANCE
     prov = read_folder_provenance(folder) or {}
     ours = ours_in(prov, folder)
     src_tag = f"device_name={measured_name.replace(' ', '_')}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autotune.fileio.reading import load_json, read_bytes
 from autotune.folder.change import RAW_RUNS, VALIDATION_JSON, VALIDATE_OUTPUTS as OUTPUTS, folder_sha256  # noqa: F401
+from autotune.folder.provenance import PROVENANCE
 
 GPU = "gpu"
 
@@ -46,7 +47,7 @@ def measured_on(folder: str | Path) -> str:
     name none."""
     folder = Path(folder)
     kinds = set()
-    prov = _json(folder / "provenance.json")
+    prov = _json(folder / PROVENANCE)
     if isinstance(prov, dict):
         kinds.add((prov.get("device") or {}).get("kind") if isinstance(prov.get("device"), dict) else None)
         files = prov.get("files") if isinstance(prov.get("files"), dict) else {}

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.validate import ConfigDirError, ModelDirError
+from autotune.folder.provenance import PROVENANCE
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".npz")
@@ -79,7 +80,7 @@ def inspect_configs(path: str | Path) -> TunedConfigs:
         if (cand / "flashinfer" / "autotune").is_dir():
             fi = cand
             break
-    prov = root / "provenance.json"
+    prov = root / PROVENANCE
     out = TunedConfigs(root, moe, yaml_path if yaml_path.is_file() else None, fi,
                        prov if prov.is_file() else None)
     if not (out.moe_files or out.server_args or out.flashinfer_cache):

@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.gpus.device import DeviceInfo
 from autotune.fileio.writing import copy_file, forced, inside, sha256, write_json
 from autotune.adapters.sglang_versions import valid_releases
-from autotune.folder.provenance import OVERLAY, PROVENANCE_OURS, read_folder_provenance, tuned_names
+from autotune.folder.provenance import OVERLAY, PROVENANCE, PROVENANCE_OURS, read_folder_provenance, tuned_names
 from autotune.fileio.reading import load_json
 
 
@@ -69,7 +69,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     from autotune.adapters.sglang_versions import installed
 
     folder = Path(device_folder)
-    prov_path = folder / "provenance.json"
+    prov_path = folder / PROVENANCE
     prov = read_folder_provenance(folder) or {"device": device.to_dict(), "files": {}}
     ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
