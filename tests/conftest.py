@@ -95,13 +95,17 @@ def finished_trials(db_path) -> int:
 def wait_for_trials(proc, db_path, n: int, what: str, timeout: float = 400) -> None:
     """Until the run has stored `n` COMPLETE trials while still running (the storage is the only
     signal a run gives mid-search), at most `timeout` s: a loaded 2-core machine starts slowly."""
+    import subprocess
     import time
 
     deadline = time.monotonic() + timeout
-    while proc.poll() is None and finished_trials(db_path) < n:
+    while finished_trials(db_path) < n:
         assert time.monotonic() < deadline, f"{what}: fewer than {n} trials in {timeout:.0f} s"
-        time.sleep(0.2)
-    assert proc.poll() is None, f"{what}: the run ended before {n} trials were stored"
+        try:                        # the run's exit ends the wait at once; else look at the storage again
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            continue
+        raise AssertionError(f"{what}: the run ended before {n} trials were stored")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ The checks are run on a planted package too, so each one is known to fail where 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
@@ -50,6 +51,7 @@ def _base(mod: str, mods: dict, node: ast.ImportFrom) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
+@functools.cache              # one reading of the tree for every check of this session
 def read_graph(package: Path) -> tuple[dict, list]:
     """(module -> modules it imports, [(module, imported module, private name)])."""
     mods = modules(package)
