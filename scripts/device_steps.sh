@@ -33,6 +33,11 @@
 #              backends (fp8_gemm, moe_fp8, moe_bf16; MEM_BS batch sizes, default all). Then
 #              benchmarks/memory_audit.py: stored verdicts by status, resource failures stored as a config's
 #              failure (must be 0), keys per written file (must be 18). GPU memory used is in clocks.csv.
+#   agree      issue 42: does the tool's layer timing agree with SGLang's own fused_experts? The disputed M=1 pair,
+#              SGLang's shipped and default pairs at AGREE_MS (benchmarks/layer_agreement.py)
+#   pace=TAG   issue 42: the README's run as a new user makes it (Qwen3.5-397B TP8 bf16, default flags, fresh storage,
+#              an empty Triton cache), --budget PACE_BUDGET (150s), PACE_ARGS added; its wall time, pace (--json) and
+#              the memory audit
 #   confirm    issue 12: a short block-FP8 run (CONFIRM_BS, CONFIRM_BUDGET) whose per-M picks are confirmed as
 #              SGLang runs the layer (autotune/families/triton_moe/confirm.py); its provenance holds per_M[M]["layer"]
 # Every call logs the GPU's SM/memory clocks, power and use every 100 ms to $OUT/clocks.csv (timing
@@ -133,6 +138,23 @@ step_confirm() {
 for name, f in json.load(open(sys.argv[1]))['files'].items():
     for M, v in sorted(f.get('per_M', {}).items(), key=lambda kv: int(kv[0])): print(name, M, json.dumps(v.get('layer')))" \
      "$(ls "$WORK"/confirm/*/provenance.json | head -1)" 2>&1 | cut -c1-400
+}
+
+step_agree() {
+  python3 benchmarks/layer_agreement.py --Ms "${AGREE_MS:-1,2,4,8,64,1024}" --out "$WORK/layer_agreement.json"
+}
+
+step_pace() {
+  local tag=$1 t0 rc
+  # shellcheck disable=SC2086  # PACE_ARGS is a list of flags
+  t0=$(date +%s.%N)
+  TRITON_CACHE_DIR=/tmp/triton_pace_$tag at run "${MODEL[@]}" --dtype bf16 --kernels triton_moe --gpus all \
+     --budget "${PACE_BUDGET:-150s}" --storage "sqlite:///$WORK/pace_$tag.db" --out "$WORK/pace_$tag" \
+     --json "$WORK/pace_$tag.json" --worker-log "$WORK/pace_$tag.workers.log" ${PACE_ARGS:-}
+  rc=$?
+  echo "--- pace $tag: autotune exit $rc, wall $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)") s (budget ${PACE_BUDGET:-150s})"
+  python3 benchmarks/memory_audit.py --storage "sqlite:///$WORK/pace_$tag.db" --out "$WORK/pace_$tag" \
+     --json "$WORK/pace_$tag.audit.json"
 }
 
 step_warm() {

@@ -108,3 +108,28 @@ class OomFaulty(Faulty):
 
     def space(self, problem, gemm, device):
         return Space("oom_faulty", {"mode": ("ok", "oom_once")})
+
+
+class FaultyBuilds(Faulty):
+    """Compiles apart (autotune.measure.builders), and config["build"] misbehaves in the builder only:
+    "ok" | "error" (the compile raises) | "crash" (SIGSEGV) | "hang". Each build leaves a file
+    `built-<mode>-<build>-<M>` under $FAULTY_STATE, so a test sees what was built apart; its measuring is
+    Faulty's (config["mode"])."""
+    name = "faulty_builds"
+    spec = "tests.faulty_family:FaultyBuilds"
+    compiles_apart = True
+
+    def compiling_for(self, sm):
+        import contextlib
+        assert os.environ.get("CUDA_VISIBLE_DEVICES") == "", "a builder sees no GPU"
+        return contextlib.nullcontext()
+
+    def compile_apart(self, config, problem, gemm, M):
+        build = config.get("build", "ok")
+        if build == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if build == "hang":
+            threading.Event().wait()
+        if build == "error":
+            raise CompilationError("at 1:1:\nbuild apart failed")
+        open(os.path.join(os.environ["FAULTY_STATE"], f"built-{config['mode']}-{build}-{M}"), "w").close()

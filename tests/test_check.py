@@ -31,13 +31,14 @@ def test_machine_drift(monkeypatch, capsys, change, code, says):
 
 
 def _rows(tuned, shipped, default, spread=0.005):
-    """What moe_layer.time_sides returns, at each sampled M."""
-    def timer(sides, Ms, repeats):
-        assert sides.problem.key.startswith("E=512,N=128,K=4096")
-        return [{"M": M, "tuned µs": tuned, "default µs": shipped, "heuristic µs": default,
-                 "tuned spread": spread, "default spread": spread, "heuristic spread": spread,
-                 "tuned source": "tuned file", "default source": "SGLang's shipped file",
-                 "heuristic source": "SGLang's default heuristic (no file)"} for M in Ms]
+    """What layer_timing.time_sides returns, at each sampled M, for the sides check hands it: the tuned folder,
+    SGLang's own folder (None) and an empty one (its default config)."""
+    def timer(problem, sides, Ms, repeats):
+        assert problem.key.startswith("E=512,N=128,K=4096")
+        assert sides["tuned"] == str(FOLDER) and sides["shipped"] is None
+        assert list((Path(sides["default"]) / "configs").iterdir()) == []
+        return [{"M": M, "tuned µs": tuned, "shipped µs": shipped, "default µs": default,
+                 "tuned spread": spread, "shipped spread": spread, "default spread": spread} for M in Ms]
     return timer
 
 
@@ -56,13 +57,13 @@ def test_on_a_matching_gpu_the_files_are_retimed_against_shipped_and_default(tim
     timed = [line for line in lines if " M=" in line]
     # each Triton MoE file of the folder (bf16 and block-FP8), at the sampled batch sizes it holds
     assert len(timed) == 2 * len(RETIME_MS) and all(says in line for line in timed)
-    assert all("(SGLang's shipped file)" in line for line in timed)
+    assert all("(SGLang's own folder)" in line for line in timed)
 
 
 def test_batch_sizes_no_file_holds_are_bad_input(monkeypatch, capsys):
     """One line, exit 2, before anything is timed (the re-timing needs a GPU; this is refused first)."""
     monkeypatch.setattr(local_gpu, "detect", lambda *a, **k: machine_as_measured())
-    monkeypatch.setattr("autotune.families.triton_moe.moe_layer.time_sides", lambda *a: pytest.fail("timed"))
+    monkeypatch.setattr("autotune.families.triton_moe.layer_timing.time_sides", lambda *a: pytest.fail("timed"))
     assert main(["check", str(FOLDER), "--sglang-version", "0.5.23", "--batch-sizes", "3,5"]) == 2
     err = capsys.readouterr().err
     assert "--batch-sizes 3,5: no Triton MoE file" in err and "Traceback" not in err and err.count("\n") == 1

@@ -1,93 +1,121 @@
-"""The per-M pick confirmed as SGLang runs the layer: a baseline pair faster than the pick beyond
-the spread is written instead (with the margin), anything within the spread keeps the pick, and the
-layer is timed with exactly the pairs the selection re-measured."""
+"""The per-M pick made as SGLang serves the layer: each candidate pair (the selection's best tuned pairs and
+SGLang's shipped and default ones) is written as SGLang's files and timed from its own folder; the fastest is
+written, a tuned pair only beyond the noise of the faster baseline; what SGLang's loader reads from each folder
+is exactly the pair meant (every entry stating num_warps and num_stages)."""
 import pytest
 
-from autotune.families.triton_moe.confirm import confirm_by_layer
+from autotune.families.triton_moe.confirm import TOP_PAIRS, candidates, confirm_by_layer, side_folders
+from autotune.families.triton_moe.layer_timing import LayerError
 from autotune.gpus.device import DeviceInfo
 from autotune.problems.models import Problem
 from autotune.search.finalists import Choice
 
-H200 = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu")
+H200 = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"triton": "3.6.0"})
 PROBLEM = Problem(512, 128, 4096, 10, "bf16")
 
 
-def pair(bm, bn):
-    cfg = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
-    return cfg, dict(cfg)
+def cfg(bm, bn, **kw):
+    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
+            "num_stages": 3, **kw}
 
 
-def choice(M, shipped=True):
-    rows = [{"source": "tuned", "gate_up": pair(16, 64)[0], "down": pair(16, 64)[1], "gate_up_us": 10.0,
-             "down_us": 5.0, "total_us": 15.0},
-            {"source": "default", "gate_up": pair(64, 64)[0], "down": pair(64, 64)[1], "gate_up_us": 14.0,
-             "down_us": 7.0, "total_us": 21.0}]
+def row(source, up, down, total):
+    return {"source": source, "gate_up": up, "down": down, "gate_up_us": total * 0.6, "down_us": total * 0.4,
+            "total_us": total}
+
+
+def choice(M, shipped=True, tuned=((16, 64, 15.0), (32, 64, 16.0))):
+    rows = [row("tuned", cfg(bm, bn), cfg(bm, bn), t) for bm, bn, t in tuned]
+    # SGLang's default config names no num_warps / num_stages: Triton's defaults run
+    default = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    rows.append(row("default", default, dict(default), 21.0))
     if shipped:
-        rows.append({"source": "shipped", "gate_up": pair(32, 128)[0], "down": pair(32, 128)[1], "gate_up_us": 11.0,
-                     "down_us": 6.0, "total_us": 17.0})
-    g, d = pair(16, 64)
-    return Choice.pair(M, (g, d), (10.0, 5.0), "tuned", {"default": 21.0, "shipped": 17.0 if shipped else None}, rows)
+        rows.append(row("shipped", cfg(32, 128, num_stages=4), cfg(32, 128, num_stages=4), 17.0))
+    best = rows[0]
+    return Choice.pair(M, (best["gate_up"], best["down"]), (best["gate_up_us"], best["down_us"]), "tuned",
+                       {"default": 21.0, "shipped": 17.0 if shipped else None}, rows)
 
 
-def timer_for(times, spread=0.005, seen=None):
-    """moe_layer.time_sides' rows: times[M] = (pick, shipped side, default side) µs."""
-    def timer(sides, Ms, repeats):
-        rows = []
-        for M in Ms:
-            if seen is not None:
-                seen[M] = {s: sides.side_config(M, s) for s in ("tuned", "default", "heuristic")}
-            t, s, d = times[M]
-            rows.append({"M": M, "tuned µs": t, "default µs": s, "heuristic µs": d,
-                         **{f"{x} spread": spread for x in ("tuned", "default", "heuristic")}})
-        return rows
+def fake_timer(times, spread=0.005, seen=None):
+    """layer_timing.time_sides' row for one M: times[M] = {side: µs}."""
+    def timer(sides, M, repeats):
+        if seen is not None:
+            seen[M] = dict(sides)
+        return {"M": M, **{f"{s} µs": times[M][s] for s in sides}, **{f"{s} spread": spread for s in sides}}
     return timer
 
 
-def test_a_baseline_faster_as_sglang_runs_the_layer_replaces_the_pick_and_says_by_how_much():
+def test_the_layer_decides_even_against_the_selections_sums(tmp_path):
     choices = {1: choice(1), 8: choice(8), 64: choice(64)}
-    seen = {}
-    layer = confirm_by_layer(PROBLEM, choices, H200, timer=timer_for(
-        {1: (20.0, 18.0, 25.0), 8: (30.0, 33.0, 40.0), 64: (50.0, 49.8, 60.0)}, seen=seen))
-    # M=1: shipped 10% faster than the pick in the layer, though the per-GEMM sums had the pick ahead
-    assert layer[1]["switched_to"] == "shipped" and layer[1]["margin"] == pytest.approx(20 / 18 - 1, abs=1e-4)
-    assert (choices[1].gate_up, choices[1].down, choices[1].source) == (*pair(32, 128), "shipped")
-    assert choices[1].total_us == 17.0          # the baseline's own re-measured GEMM times travel with it
-    # M=8: the pick is faster; M=64: shipped 0.4% faster, inside the 1% floor: the pick stays
-    assert layer[8]["kept"] == "tuned" and layer[64]["kept"] == "tuned" and choices[64].source == "tuned"
-    assert layer[8]["us"] == {"pick": 30.0, "shipped": 33.0, "default": 40.0}
-    # the layer ran exactly the pairs the selection re-measured, labelled
-    assert seen[1]["tuned"].gate_up == pair(16, 64)[0] and seen[1]["default"].gate_up == pair(32, 128)[0]
-    assert seen[1]["heuristic"].gate_up == pair(64, 64)[0] and seen[1]["default"].source == "SGLang's shipped pair"
+    layer = confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=fake_timer({
+        # M=1: the sums ranked tuned1 first, but as a layer it is slower than SGLang's shipped pair
+        1: {"tuned1": 20.0, "tuned2": 21.0, "shipped": 18.0, "default": 25.0},
+        # M=8: tuned2 is the fastest layer, beyond the noise of the faster baseline
+        8: {"tuned1": 34.0, "tuned2": 30.0, "shipped": 33.0, "default": 40.0},
+        # M=64: tuned1 0.4% faster than shipped, inside the 1% floor: SGLang's own pair is written
+        64: {"tuned1": 49.8, "tuned2": 55.0, "shipped": 50.0, "default": 60.0}}))
+    assert (choices[1].gate_up, choices[1].source) == (cfg(32, 128, num_stages=4), "shipped")
+    assert layer[1]["picked"] == "shipped" and layer[1]["pick_was"] == "tuned" and layer[1]["vs_sglang"] == 0.0
+    assert choices[1].total_us == 17.0          # the written pair's own re-measured GEMM times travel with it
+    assert layer[8]["picked"] == "tuned2" and choices[8].gate_up == cfg(32, 64)
+    assert layer[8]["vs_sglang"] == pytest.approx(30 / 33 - 1, abs=1e-4)
+    assert layer[64]["picked"] == "shipped" and layer[64]["us"] == {"tuned1": 49.8, "tuned2": 55.0,
+                                                                    "shipped": 50.0, "default": 60.0}
 
 
-def test_without_a_shipped_pair_both_baseline_sides_run_the_default_and_it_can_win():
+def test_without_a_shipped_pair_the_default_is_the_baseline_and_can_win(tmp_path):
     choices = {1: choice(1, shipped=False)}
     seen = {}
-    layer = confirm_by_layer(PROBLEM, choices, H200, timer=timer_for({1: (20.0, 15.0, 15.2)}, seen=seen))
-    assert seen[1]["default"].gate_up == seen[1]["heuristic"].gate_up == pair(64, 64)[0]
-    assert layer[1]["switched_to"] == "default" and choices[1].source == "default"
+    layer = confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=fake_timer(
+        {1: {"tuned1": 20.0, "tuned2": 22.0, "default": 15.0}}, seen=seen))
+    assert set(seen[1]) == {"tuned1", "tuned2", "default"}
+    assert layer[1]["picked"] == "default" and choices[1].source == "default"
 
 
-def test_the_spread_decides_what_is_noise():
+def test_the_spread_decides_what_is_noise(tmp_path):
     choices = {1: choice(1)}
-    layer = confirm_by_layer(PROBLEM, choices, H200, timer=timer_for({1: (20.0, 18.5, 25.0)}, spread=0.10))
-    assert layer[1]["kept"] == "tuned" and layer[1]["spread"] == 0.10
+    layer = confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=fake_timer(
+        {1: {"tuned1": 16.5, "tuned2": 30.0, "shipped": 18.0, "default": 25.0}}, spread=0.10))
+    assert layer[1]["picked"] == "shipped" and layer[1]["spread"]["tuned1"] == 0.10     # 8% faster, 10% spread
 
 
-@pytest.mark.slow
-def test_the_layer_runs_the_given_pairs_in_the_interpreter():
-    """Given pairs (MoeSides' `configs`) through SGLang's kernels in Triton's interpreter: each given pair is checked against
-    the float32 reference and timed (the numbers are the interpreter's: meaningless for speed)."""
-    from autotune.families.triton_moe.confirm import baseline_rows
-    from autotune.gpus.device import cpu_interpreter
-    from autotune.families.triton_moe.moe_layer import MoeSides, SideConfig, time_sides
+def test_at_most_the_top_tuned_pairs_are_timed_by_their_sums():
+    many = choice(1, tuned=[(16, 16 * (i + 1), 15.0 + i) for i in range(TOP_PAIRS + 2)])
+    names = candidates(many)
+    assert [n for n in names if n.startswith("tuned")] == [f"tuned{i}" for i in range(1, TOP_PAIRS + 1)]
+    assert names["tuned1"]["total_us"] == 15.0 and {"shipped", "default"} <= set(names)
 
-    tiny = Problem(8, 32, 64, 2, "bf16")
-    c = choice(2)
-    pairs = {(2, "tuned"): SideConfig(c.gate_up, c.down, True, "the pick")}
-    for side, row in baseline_rows(c).items():
-        pairs[2, side] = SideConfig(row["gate_up"], row["down"], True, row["source"])
-    sides = MoeSides(tiny, cpu_interpreter(), ".", configs=pairs, on_cpu=True, inner_repeats=1)
-    [row] = time_sides(sides, [2], repeats=1)
-    assert row["default source"] == "shipped" and row["heuristic source"] == "default"
-    assert all(row[f"{s} error"] < 1e-3 for s in ("tuned", "default", "heuristic"))
+
+def test_each_side_folder_serves_exactly_its_pair_through_sglangs_loader(tmp_path):
+    """What SGLang's own loader reads from each side's folder at each M is the candidate pair, every entry
+    stating num_warps and num_stages (SGLang's default config included: Triton's defaults written out),
+    the down config on the gate_up BLOCK_SIZE_M."""
+    from autotune.adapters.sglang_loader import sglang_selection
+
+    choices = {1: choice(1), 8: choice(8, tuned=((64, 128, 15.0),))}
+    cands = {M: candidates(c) for M, c in choices.items()}
+    folders = side_folders(PROBLEM, H200, cands, tmp_path)
+    assert folders["shipped"] is None
+    for M, sides in cands.items():
+        for name, r in sides.items():
+            if name == "shipped":
+                continue
+            up, down, found = sglang_selection(PROBLEM, M, H200, folders[name])
+            if name == "default":
+                assert not found and up["BLOCK_SIZE_N"] == 32      # an empty folder: SGLang's default config
+                continue
+            assert found and up == {**r["gate_up"]} and down == {**r["down"], "BLOCK_SIZE_M": r["gate_up"]["BLOCK_SIZE_M"]}
+            assert {"num_warps", "num_stages"} <= set(up) and {"num_warps", "num_stages"} <= set(down)
+
+
+def test_a_folder_that_serves_another_pair_is_refused(tmp_path):
+    """A timer whose row says SGLang loaded something else than the candidate (the nearest key of a folder that
+    lacks M, say) stops the check: a number for another pair never decides."""
+    choices = {1: choice(1)}
+
+    def timer(sides, M, repeats):
+        out = fake_timer({1: {s: 20.0 for s in sides}})(sides, M, repeats)
+        out["tuned1 loads"] = [cfg(64, 64), cfg(64, 64)]
+        return out
+    with pytest.raises(LayerError, match="SGLang loads .* for the tuned1 side"):
+        confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=timer)

@@ -39,6 +39,20 @@ def test_cores_limit_a_gpu_with_room_and_a_cap_plans_for_a_smaller_card():
     assert capped.gpus[0].usable == 32 * GiB
 
 
+def test_a_phase_that_compiles_apart_measures_with_one_process_a_gpu_and_builds_on_the_other_cores():
+    """Builders hold no CUDA context: the GPU keeps one measuring process, which gets the whole budget, and every
+    core but the run's and the measuring processes' compiles; --workers and --builders are taken as given."""
+    apart = gm.Phase("Triton configs", _fp(5.2), _fp(4.2), apart=True)
+    plan = gm.plan_pool([_h100(index=0), _h100(index=1)], [apart, gm.Phase("backend choice", _fp(5.2))],
+                        cores=16, requested=None)
+    assert plan.workers["Triton configs"] == (1, 1) and plan.builders == 16 - 1 - 2
+    assert plan.workers["backend choice"] == (8, 7)          # compiles in its workers: cores - 1
+    assert plan.limits(apart)[0] == plan.budget(0, apart) - gm.CONTEXT_BYTES
+    assert gm.plan_pool([_h100()], [apart], cores=16, requested=2, builders=5).workers["Triton configs"] == (2,)
+    assert gm.plan_pool([_h100()], [apart], cores=16, requested=2, builders=5).builders == 5
+    assert gm.plan_pool([_h100()], [gm.Phase("p", _fp(5.2))], cores=16, requested=None).builders == 0
+
+
 def test_a_workers_flag_that_does_not_fit_is_lowered_and_said():
     plan = gm.plan_pool([_h100()], [gm.Phase("p", _fp(5.2), _fp(4.2))], cores=64, requested=15)
     assert plan.workers["p"] == (13,) and plan.lowered_from == 15
@@ -130,7 +144,10 @@ def test_the_dry_run_for_an_rtx_5090_prints_the_plan_on_a_machine_without_a_gpu(
     out = capsys.readouterr().out
     assert rc == 0 and "GPU memory plan (NVIDIA GeForce RTX 5090): 31.8 GiB" in out
     line = next(line for line in out.splitlines() if line.strip().startswith("Triton configs:"))
-    assert "workers (set by memory) of 5.2 GiB for triton_moe E=512,N=128,K=4096,topk=10,bf16" in line
+    # Triton compiles apart from the GPU: one measuring process, the builders (CPU) compile
+    assert ("1 worker (set by compiling apart: one measuring process a GPU, builders compile) of 5.2 GiB for "
+            "triton_moe E=512,N=128,K=4096,topk=10,bf16") in line
+    assert "compiling: builder processes on the CPU (cores - 2 of the machine that runs it)" in out
     assert not (tmp_path / "o").exists()
 
 
@@ -141,7 +158,7 @@ def test_a_problem_too_big_for_the_card_is_left_out_with_why(capsys, tmp_path):
     assert main([*args, "--tp", "1,8"]) == 0
     out = capsys.readouterr().out
     assert ("skip triton_moe E=512,N=1024,K=4096,topk=10,bf16: one worker needs 17.4 GiB of GPU memory" in out
-            and "this process 17.6 GiB for its layer check" in out)
+            and "this process 28.3 GiB for its layer check" in out)
     assert main([*args, "--tp", "1"]) == 2
     err = capsys.readouterr().err
     assert "nothing to tune on this device" in err and "one worker needs 17.4 GiB" in err

@@ -289,3 +289,28 @@ def test_a_stop_arriving_inside_any_storage_write_lands_after_it_and_the_run_res
     t2.measure_baselines()
     t2.search()
     assert t2.complete() and all(s.asked == 5 for s in t2.slots.values())
+
+
+def test_a_wall_time_end_stops_the_search_with_room_for_what_follows_it(grid_cache):
+    """With an end (a GPU run's --budget), the search stops asking as soon as what the problem still needs after
+    it (the finalists' re-measurements, the files, at the pace measured so far: after_search_s) would pass the end;
+    a later end measures more. The clock runs on the replay's recorded seconds here, as a GPU's would on the wall."""
+    from autotune.search.context import Clock
+
+    class Recorded(Clock):
+        def now(self):
+            return self.pool.charged_s
+
+    runs = {}
+    for extra in (1.0, 2.5):           # recorded seconds of search left once the baselines are measured
+        t, pool = _tuner(grid_cache, trials=1000)
+        t.clock = Recorded(pool)
+        pool.seconds_per_measurement = lambda: 0.05       # a steady pace: the reserve does not drift
+        t.measure_baselines()
+        t.settings.ends_at = pool.charged_s + t.after_search_s() + extra
+        t.search()
+        # stopped with room for what follows, within the last tasks' own cost of the line
+        slack = 3 * max(m.bench_s + m.compile_s / pool.parallel for d in t.measured.values() for m in d.values())
+        assert abs(pool.charged_s + t.after_search_s() - t.settings.ends_at) <= slack
+        runs[extra] = t.evaluations()
+    assert runs[2.5] > runs[1.0] > 12         # more than the baselines

@@ -244,3 +244,22 @@ def test_a_hand_edited_file_is_not_merged_into_and_the_ms_left_without_an_entry_
     with pytest.raises(ExportError, match="changed since autotune wrote it"):
         export_problem(tmp_path, rtx, p, {64: _choice(64, UP, UP)}, {})
     assert target.read_text() == edited
+
+
+def test_every_written_entry_states_num_warps_and_num_stages(tmp_path, rtx):
+    """SGLang's default config names neither (Triton's defaults run it): a pick of it is written with the values
+    Triton launches it with, read from the installed Triton's own options, so the file says what runs; a config
+    that states them is written as it is."""
+    import dataclasses
+
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    launch = {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in ("num_warps", "num_stages")}
+    default = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    export_problem(tmp_path, rtx, p, {1: _choice(1, default, dict(default)), 8: _choice(8, UP, UP)}, {})
+    for down in (False, True):
+        doc = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx, down=down)).read_text())
+        assert doc["1"] == {**default, **launch} and list(doc["1"]) == list(UP)       # the files' key order
+        assert doc["8"] == UP
+        assert all({"num_warps", "num_stages"} <= set(entry) for entry in doc.values())

@@ -212,31 +212,36 @@ def test_moe_table_medians_spreads_and_gains():
 
 
 @pytest.mark.slow
-def test_check_retimes_each_side_of_the_layer_after_checking_it(tmp_path):
-    """`autotune check`'s re-timing on a GPU, here in the interpreter: each side's layer (SGLang's
-    call sequence with the configs its loader picks) is checked against the float32 reference, then
-    timed in turns; a side whose configs compute wrong numbers stops it with the side named."""
+def test_the_harness_layer_checks_each_side_before_it_is_timed(tmp_path):
+    """The decode harness's MoE (moe_layer's composition of SGLang's kernels), here in the interpreter: each
+    side's layer, with the configs SGLang's loader picks for it, is checked against the float32 reference; a
+    side whose configs compute wrong numbers stops it with the side named."""
+    import torch
+
     from autotune.gpus.device import cpu_interpreter
-    from autotune.families.triton_moe.moe_layer import LayerError, MoeSides, time_sides
+    from autotune.families.triton_moe import random_routing
+    from autotune.families.triton_moe.moe_layer import LayerError, MoeSides
 
     d = _tuned_folder(tmp_path)
     problem = layer_shapes(HarnessModel.from_config(TINY), 1).problem
     sides = MoeSides(problem, cpu_interpreter(), d, on_cpu=True, inner_repeats=1)
-    rows = time_sides(sides, [1, 2], repeats=2)
-    assert [r["M"] for r in rows] == [1, 2]
-    for r in rows:
-        assert r["tuned source"] == "tuned file" and r["default source"] == "SGLang's default heuristic"
-        assert all(r[f"{s} error"] < 1e-3 and r[f"{s} µs"] > 0 for s in ("tuned", "default", "heuristic"))
-    # a side whose output is off (here doubled) is caught by the check before any timing
-    bad = MoeSides(problem, cpu_interpreter(), d, on_cpu=True, inner_repeats=1)
-    real = bad.moe
+    up_w, down_w = sides.expert_weights(3)
+    g = torch.Generator().manual_seed(1)
+    for M in (1, 2):
+        x = torch.randn((M, problem.K), generator=g)
+        ids, w = (r[0] for r in random_routing(g, M, problem.E, problem.top_k, 0.0, 1))
+        errors = sides.check_sides(up_w, down_w, x, ids, w)
+        assert all(errors[s] < 1e-3 for s in ("tuned", "default", "heuristic"))
+        assert sides.side_config(M, "tuned").source == "tuned file"
+    # a side whose output is off (here doubled) is caught by the check
+    real = sides.moe
 
     def wrong(up_w, down_w, x, ids, w, side):
         out = real(up_w, down_w, x, ids, w, side)
         return out * 2 if side == "tuned" else out
-    bad.moe = wrong
-    with pytest.raises(LayerError, match="tuned configs at batch 1 compute wrong results"):
-        time_sides(bad, [1], repeats=1)
+    sides.moe = wrong
+    with pytest.raises(LayerError, match="tuned configs at batch 2 compute wrong results"):
+        sides.check_sides(up_w, down_w, x, ids, w)
 
 
 def test_tma_down_layer_calls_sglangs_row_filtered_ops_as_its_fused_moe_does(monkeypatch):

@@ -200,8 +200,17 @@ class MoeBlock:
         return getattr(chosen, "value", str(chosen))
 
     def __call__(self, x, router_logits):
+        return self.apply(x, self.route(x, router_logits))
+
+    def route(self, x, router_logits):
+        """The router's top-k of `router_logits`, as the block computes it before its experts."""
         with moe_flags(self.backend, self.quantization):
-            out = self.experts(x, self.topk(x, router_logits))
+            return self.topk(x, router_logits)
+
+    def apply(self, x, routed):
+        """The experts on a routing `route` gave (what a config of the runner changes; the top-k is not)."""
+        with moe_flags(self.backend, self.quantization):
+            out = self.experts(x, routed)
         return out if not isinstance(out, tuple) else out[0]
 
 

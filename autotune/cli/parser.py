@@ -14,6 +14,7 @@ MAX_ROUTINGS = 1000         # one M x E routing tensor each, held on the GPU; a 
 MAX_SKEW = 100.0            # std devs: past ~30 the routing no longer changes; 1e300 became inf (NaN routings)
 MAX_SEED = 2**32 - 1        # numpy's and Optuna's seed range (the kernels' torch seeds are multiples of it)
 MAX_WORKERS = 15 * 16       # 15 a GPU (run_open refuses more per GPU) on a 16-GPU host
+MAX_BUILDERS = 256          # CPU processes, one core each: a large host's cores
 MAX_HEARTBEAT = 3600        # seconds: a dead worker's trial waits 3 heartbeats before it is re-queued
 
 
@@ -47,7 +48,10 @@ def _add_device_args(p) -> None:
     g.add_argument("--replay", help="replay a recorded measurement cache instead of using a GPU (several "
                    "recordings of one GPU model: comma-separated, merged)")
     g.add_argument("--gpus", type=inputs.gpus, default="0", help="GPU indices to use, or 'all'")
-    g.add_argument("--workers", type=inputs.count(1, MAX_WORKERS), help="measurement processes (parallel compiles); default cores-1, max 15/GPU")
+    g.add_argument("--workers", type=inputs.count(1, MAX_WORKERS), help="measuring processes (each a CUDA context); "
+                   "default one a GPU where the kernels compile apart (Triton), else as many as fit (max 15/GPU)")
+    g.add_argument("--builders", type=inputs.count(1, MAX_BUILDERS), help="CPU processes that compile Triton kernels "
+                   "for the GPU apart from measuring; default cores - 1 - workers")
     g.add_argument("--timeout", type=inputs.number(positive=True, most=inputs.MAX_SECONDS), default=300.0, help="seconds without progress before a trial is killed")
     g.add_argument("--seed", type=inputs.count(0, MAX_SEED), default=0)
     g.add_argument("--skew", type=inputs.number(0, most=MAX_SKEW), default=0.0, help="routing skew: per-expert logit bias in std devs (0 = uniform)")

@@ -39,6 +39,12 @@ class KernelFamily(Protocol):
     def compile(self, config: dict, inputs: Any) -> None:
         """Compile what `run` would launch, without launching (runs outside the GPU lock)."""
 
+    # Optional: `compiles_apart = True` declares that the family's kernels compile without the GPU, for its
+    # architecture (Triton does; FlashInfer's JIT modules and cuDNN's plans need the device): builder processes
+    # then compile each task before the GPU's measuring process takes it (autotune.measure.builders), through
+    #   compiling_for(sm) -> a context in which a process without a GPU compiles for an sm_XY one
+    #   compile_apart(config, problem, gemm, M): compile what `run` would launch at batch size M there
+
     def run(self, config: dict, inputs: Any, routing: int) -> Any:
         """Launch once on routing set `routing`; returns the output tensor."""
 
@@ -78,9 +84,14 @@ class KernelFamily(Protocol):
 def get_family(spec: str, **options) -> KernelFamily:
     """A family by its name (autotune.families.registry), or by "module:Class" where no package declares it
     (the tests' faulty families, built the same way in a worker)."""
+    return family_class(spec)(**options)
+
+
+def family_class(spec: str) -> type:
+    """The class of the family `spec` names (its declaration: `compiles_apart`, ...), as get_family finds it."""
     from autotune.families import registry
 
     if ":" in spec:
         mod, cls = spec.split(":", 1)
-        return getattr(importlib.import_module(mod), cls)(**options)
-    return registry.get(spec).cls(**options)
+        return getattr(importlib.import_module(mod), cls)
+    return registry.get(spec).cls

@@ -117,10 +117,13 @@ def read_gpus(indices, cap: int | None = None) -> list[GpuMemory]:
 @dataclass(frozen=True)
 class Phase:
     """One step of the run as the GPU sees it: the largest worker footprint among its problems, and the
-    run's own GPU work meanwhile (the Triton MoE family's layer check; None for the backend choice)."""
+    run's own GPU work meanwhile (the Triton MoE family's layer check; None for the backend choice).
+    `apart`: its families compile apart from the GPU (autotune.measure.builders): one measuring process a
+    GPU keeps it busy, the builders compile."""
     name: str
     per_worker: Footprint
     main: Footprint | None = None
+    apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class MemoryPlan:
     limited_by: dict              # phase name -> what set its count: "memory", "cores", "--workers", "15 a GPU"
     cores: int | None = None      # None: planned for a machine whose cores are not known here
     lowered_from: int | None = None
+    builders: int = 0             # CPU processes compiling apart for the phases that do (0: none does)
 
     def phase(self, name: str) -> Phase | None:
         return next((ph for ph in self.phases if ph.name == name), None)
@@ -186,6 +190,10 @@ class MemoryPlan:
                        + f" (set by {self.limited_by[ph.name]}) of {gib(ph.per_worker.total)} for "
                        f"{ph.per_worker.what} ({ph.per_worker.describe()})"
                        + (f"; this process {gib(ph.main.total)} for {ph.main.what}" if ph.main is not None else ""))
+        if any(ph.apart for ph in self.phases):
+            out.append(f"  compiling: {self.builders} builder processes on the CPU (no CUDA context), for the phases "
+                       "that compile apart" if self.builders else
+                       "  compiling: builder processes on the CPU (cores - 2 of the machine that runs it)")
         if self.lowered_from is not None:
             out.append(f"--workers {self.lowered_from} does not fit the GPU memory: lowered to "
                        + ", ".join(f"{sum(self.workers[ph.name])} ({ph.name})" for ph in self.phases))
@@ -200,12 +208,15 @@ class MemoryPlan:
                 "phases": [{"name": ph.name, "per_worker": fp(ph.per_worker), "main_process": fp(ph.main),
                             "workers": list(self.workers[ph.name]), "limited_by": self.limited_by[ph.name]}
                            for ph in self.phases],
-                "cores": self.cores, "lowered_from": self.lowered_from}
+                "cores": self.cores, "lowered_from": self.lowered_from, "builders": self.builders}
 
 
-def plan_pool(gpus: list[GpuMemory], phases: list[Phase], *, cores: int | None, requested: int | None) -> MemoryPlan:
+def plan_pool(gpus: list[GpuMemory], phases: list[Phase], *, cores: int | None, requested: int | None,
+              builders: int | None = None) -> MemoryPlan:
     """Workers per GPU in each phase: the least of cores - 1 (over all GPUs), WORKERS_PER_GPU and what fits
-    each GPU's budget; a `requested` count that fits is taken as it is, one that does not is lowered."""
+    each GPU's budget; a `requested` count that fits is taken as it is, one that does not is lowered. A phase
+    whose families compile apart takes one worker a GPU; the builders (`builders`, default every core but one
+    and the workers') compile for it."""
     probe = MemoryPlan(tuple(gpus), tuple(phases), {}, {})
     by_cores = max(1, cores - 1) if cores is not None else None
     workers, limited, lowered = {}, {}, None
@@ -214,7 +225,10 @@ def plan_pool(gpus: list[GpuMemory], phases: list[Phase], *, cores: int | None, 
         if not any(fit):
             raise DoesNotFit(f"{ph.name}: {too_big(ph.per_worker, ph.main, gpus)}")
         want = requested if requested is not None else min(x for x in (sum(fit), by_cores) if x is not None)
-        if requested is not None:
+        if ph.apart and requested is None:
+            want = sum(1 for f in fit if f)
+            limited[ph.name] = "compiling apart: one measuring process a GPU, builders compile"
+        elif requested is not None:
             limited[ph.name] = "--workers"
         elif by_cores is not None and by_cores < sum(fit):
             limited[ph.name] = "cores"
@@ -229,7 +243,10 @@ def plan_pool(gpus: list[GpuMemory], phases: list[Phase], *, cores: int | None, 
             i = min((i for i in range(len(gpus)) if n[i] < fit[i]), key=lambda i: (n[i], i))
             n[i] += 1
         workers[ph.name] = tuple(n)
-    return MemoryPlan(tuple(gpus), tuple(phases), workers, limited, cores, lowered)
+    apart = [sum(workers[ph.name]) for ph in phases if ph.apart]
+    if apart and builders is None:
+        builders = max(1, cores - 1 - max(apart)) if cores is not None else 0
+    return MemoryPlan(tuple(gpus), tuple(phases), workers, limited, cores, lowered, builders if apart else 0)
 
 
 class DoesNotFit(GpuMemoryError):

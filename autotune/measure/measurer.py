@@ -85,6 +85,13 @@ class Measurer:
         self.inputs: dict = {}       # (family, problem, GEMM, M) -> inputs, least recently used first
         self.families: dict = {}
         self.limit: int | None = None     # bytes torch's allocator may hold in this process (None: no limit)
+        # What the run reports of its own pace (autotune.measure.pool.Pace): seconds this process held the
+        # GPU (inputs, reference, checked launch, timing) and seconds it spent compiling (the GPU idle).
+        self.held_s = 0.0
+        self.compile_s = 0.0
+        # The only measuring process on its GPU (the pool says so): no other process's kernel comes between
+        # its timings, so it primes once, as a server's process is in its steady state (autotune.measure.timing).
+        self.alone = False
 
     def family(self, name: str):
         if name not in self.families:
@@ -156,10 +163,12 @@ class Measurer:
             yield
             return
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        t0 = time.perf_counter()
         try:
             yield
         finally:
             self.torch.cuda.synchronize()
+            self.held_s += time.perf_counter() - t0
             fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def _inputs(self, family, problem, gemm: str, M: int):
@@ -222,6 +231,7 @@ class Measurer:
             t0 = time.perf_counter()
             family.compile(cfg, inputs)
             compile_s = time.perf_counter() - t0
+            self.compile_s += compile_s
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e)), fatal
@@ -239,7 +249,7 @@ class Measurer:
                 repeats = task.repeats or s.repeats
                 versus = self._checked_versus(family, task, inputs, ref, problem)
                 if versus is None:   # primed: other workers' kernels come between this worker's timings
-                    t, paired = self._time(family, launch, repeats, prime=True), (None, None)
+                    t, paired = self._time(family, launch, repeats, prime=not self.alone), (None, None)
                 else:
                     first = iter([True])    # one hold of the lock: priming once keeps both sides in one state
                     t, *paired = duel(lambda fn: self._time(family, fn, max(3, repeats // DUEL_ROUNDS),

@@ -40,6 +40,9 @@ from autotune.measure.tasks import Settings, Task
 
 # Resource failures of one measurement before the pool gives up on a GPU already down to one worker.
 MAX_RESOURCE_ATTEMPTS = 3
+# Built tasks kept waiting for each worker, with builders: enough that a worker finishing a task finds the
+# next one compiled, few enough that the search's asks stay informed by what was just measured.
+READY_PER_WORKER = 2
 
 
 def _gpu_lock(lock_dir: str, gpu: int):
@@ -111,6 +114,9 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
             if isinstance(msg, tuple) and msg[0] == "limit":   # its share of the GPU changed (autotune.gpus.memory_plan)
                 measurer.limit_memory(msg[1])
                 continue
+            if isinstance(msg, tuple) and msg[0] == "alone":   # the only measuring process on its GPU, or not
+                measurer.alone = msg[1]
+                continue
             task: Task = msg
             problem = problem_from_dict(task.problem)
             for M in task.Ms:
@@ -120,7 +126,31 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
                 if fatal:
                     conn.send(("fatal", m.reason))
                     os._exit(3)
-            conn.send(("done", task.id, measurer.trim()))
+            conn.send(("done", task.id, measurer.trim(), measurer.held_s, measurer.compile_s))
+
+
+@dataclass
+class Pace:
+    """How the pool kept the GPU busy (the run reports it): seconds the measuring processes held the GPU
+    (inputs, reference, checked launch, timing), seconds they compiled (the GPU idle: a kernel no builder
+    had made), seconds a measuring process sat idle while builders still compiled its next task, and the
+    builders' own count and seconds. Wall seconds from the pool's start."""
+    started: float = field(default_factory=time.monotonic)
+    measurements: int = 0
+    held_s: float = 0.0
+    compile_wait_s: float = 0.0
+    starved_s: float = 0.0
+    builds: int = 0
+    build_s: float = 0.0
+    builds_lost: int = 0
+
+    def to_dict(self, since: float | None = None) -> dict:
+        wall = time.monotonic() - (self.started if since is None else since)
+        return {"wall_s": round(wall, 1), "measurements": self.measurements, "gpu_held_s": round(self.held_s, 1),
+                "gpu_busy_share": round(self.held_s / wall, 3) if wall > 0 else None,
+                "measurements_per_s": round(self.measurements / wall, 2) if wall > 0 else None,
+                "compile_wait_s": round(self.compile_wait_s, 1), "waited_for_builds_s": round(self.starved_s, 1),
+                "builds": self.builds, "build_s": round(self.build_s, 1), "builds_lost": self.builds_lost}
 
 
 @dataclass
@@ -136,16 +166,20 @@ class _Slot:
     last_beat: float = 0.0
     fatal: str = ""
     retiring: bool = False    # leaves the pool once its task is done (the GPU's memory is short)
+    held_s: float = 0.0       # the process's own totals at its last report (Pace counts the increments)
+    compile_s: float = 0.0
+    idle_since: float | None = None
 
 
 class WorkerPool:
     """submit() tasks to idle workers, poll() for finished ones; failures come back as records."""
 
     def __init__(self, settings: Settings, n_workers: int, gpus=(0,), timeout_s: float = 300.0,
-                 init_timeout_s: float = 600.0, memory_plan=None):
+                 init_timeout_s: float = 600.0, memory_plan=None, building=None):
         """`gpus`: the GPU of each worker in turn (a memory plan's slots). `memory_plan`: the plan the
         pool was sized by (autotune.gpus.memory_plan); with it, a GPU short of memory loses workers and the
-        others on it get that worker's share."""
+        others on it get that worker's share. `building` (autotune.measure.builders.Building): CPU processes that
+        compile the tasks of families that compile apart for the GPU's architecture before a worker measures them."""
         self.settings = settings
         self.timeout_s = timeout_s
         self.init_timeout_s = init_timeout_s
@@ -164,6 +198,13 @@ class WorkerPool:
         self._partial: dict = {}      # task id -> its measurements that need no retry
         self._attempts: dict = {}     # (task id, M) -> resource failures so far
         self.slots = [_Slot(gpu=gpus[i % len(gpus)]) for i in range(max(1, n_workers))]
+        self.pace = Pace()
+        self._queue: list = []        # (task, Ms) waiting for a worker: built, or needing no build
+        self._apart: dict = {}        # family name -> does it compile apart (its declaration)
+        self.builders = None
+        if building is not None:
+            from autotune.measure.builders import Builders
+            self.builders = Builders(settings, building, timeout_s=timeout_s)
         for s in self.slots:
             self._spawn(s)
 
@@ -176,6 +217,8 @@ class WorkerPool:
         slot.proc.start()
         child.close()
         slot.conn, slot.ready, slot.task, slot.last_beat, slot.fatal = parent, False, None, time.monotonic(), ""
+        slot.held_s = slot.compile_s = 0.0      # a new process reports its totals from 0
+        slot.idle_since = None
 
     def _kill(self, slot: _Slot) -> None:
         if slot.proc is not None and slot.proc.is_alive():
@@ -189,6 +232,8 @@ class WorkerPool:
             slot.conn.close()
 
     def close(self) -> None:
+        if self.builders is not None:
+            self.builders.close()
         for s in self.slots:
             try:
                 if s.proc is not None and s.proc.is_alive() and s.task is None and s.ready:
@@ -210,20 +255,57 @@ class WorkerPool:
         return [s for s in self.slots if s.ready and s.task is None and not s.retiring]
 
     def idle(self) -> int:
-        """Workers free for a new task (retries of resource failures go first)."""
-        return max(0, len(self._free()) - len(self._retries))
+        """Tasks the pool takes now. Without builders: workers free (retries of resource failures go first).
+        With builders: as many as keep every builder busy and READY_PER_WORKER built tasks waiting for each
+        worker, so a worker never waits for a compile; more would only have the search ask blind."""
+        if self.builders is None:
+            return max(0, len(self._free()) - len(self._retries) - len(self._queue))
+        workers = sum(1 for s in self.slots if not s.retiring)
+        room = len(self.builders.slots) + READY_PER_WORKER * workers
+        return max(0, room - self.builders.busy() - len(self._queue) - len(self._retries)
+                   - sum(1 for s in self.slots if s.task is not None))
 
     def busy(self) -> int:
-        return sum(1 for s in self.slots if s.task is not None) + len(self._retries)
+        return (sum(1 for s in self.slots if s.task is not None) + len(self._retries) + len(self._queue)
+                + (self.builders.busy() if self.builders is not None else 0))
+
+    def measuring(self) -> int:
+        """Measuring processes the pool keeps now."""
+        return sum(1 for s in self.slots if not s.retiring)
+
+    def seconds_per_measurement(self) -> float | None:
+        """Seconds a measuring process held the GPU per measurement so far (None before a few were made)."""
+        return self.pace.held_s / self.pace.measurements if self.pace.measurements >= 10 and self.pace.held_s else None
 
     def submit(self, task: Task) -> None:
         task.id = next(self._ids)
-        self._send(self._free()[0], task, list(task.Ms))
+        if self.builders is not None and self._compiles_apart(task):
+            self.builders.submit(task)
+        else:
+            self._queue.append((task, list(task.Ms)))
+            self._dispatch()
+
+    def _compiles_apart(self, task: Task) -> bool:
+        name = task.family or self.settings.family
+        if name not in self._apart:
+            from autotune.families.protocol import family_class
+            self._apart[name] = bool(getattr(family_class(name), "compiles_apart", False))
+        return self._apart[name]
+
+    def _dispatch(self) -> None:
+        """Resource-failure retries first, then the queue, onto free workers."""
+        while self._retries and self._free():
+            task, Ms = self._retries.pop(0)
+            self._send(self._free()[0], task, Ms)
+        while self._queue and self._free():
+            task, Ms = self._queue.pop(0)
+            self._send(self._free()[0], task, Ms)
 
     def _send(self, slot: _Slot, task: Task, Ms: list) -> None:
         """Hand `task` at `Ms` to `slot` (a retry sends the same task with the Ms still owed)."""
         slot.task, slot.pending_Ms, slot.results = task, list(Ms), []
         slot.current_M, slot.last_beat = None, time.monotonic()
+        self._count_idle(slot)
         tag, task.tag = task.tag, None
         try:
             slot.conn.send(task if Ms == task.Ms else dataclasses.replace(task, Ms=list(Ms)))
@@ -234,9 +316,14 @@ class WorkerPool:
         """Finished tasks (with one record per M each), waiting at most `timeout` seconds."""
         done: list = []
         waitables = [s.conn for s in self.slots if s.conn is not None]
+        if self.builders is not None:
+            waitables += self.builders.waitables()
         with stops.wait():          # the one place a stop lands while tuning (autotune.stops)
             if waitables:
                 wait(waitables, timeout=timeout)
+        if self.builders is not None:
+            for task, build in self.builders.poll():
+                self._built(task, build)
         now = time.monotonic()
         for s in list(self.slots):
             try:
@@ -256,10 +343,25 @@ class WorkerPool:
                 raise RuntimeError(f"measurement worker did not start within {self.init_timeout_s:.0f} s")
         for s in [s for s in self.slots if s.retiring and s.task is None]:
             self._retire(s)
-        while self._retries and self._free():
-            task, Ms = self._retries.pop(0)
-            self._send(self._free()[0], task, Ms)
+        self._dispatch()
         return done
+
+    def _built(self, task: Task, build) -> None:
+        """A builder is done with `task` (however it ended): it queues for a worker, whose launch decides."""
+        self.pace.builds += len(build.seconds)
+        self.pace.build_s += sum(build.seconds.values())
+        self.pace.builds_lost += bool(build.lost)
+        self._queue.append((task, list(task.Ms)))
+
+    def _count_idle(self, slot: _Slot) -> None:
+        """A worker's idle time that ends now counts as waiting for builds where builders still held work."""
+        if slot.idle_since is not None and self.builders is not None and self._was_building:
+            self.pace.starved_s += time.monotonic() - slot.idle_since
+        slot.idle_since = None
+
+    @property
+    def _was_building(self) -> bool:
+        return self.builders is not None and self.builders.busy() > 0
 
     def _where_stuck(self, s: _Slot, wait_s: float = 5.0) -> str:
         """Abort a hung worker (SIGABRT: faulthandler dumps its stack, then it exits) and say its
@@ -285,10 +387,12 @@ class WorkerPool:
         s.last_beat = time.monotonic()
         if kind == "ready":
             s.ready = True
+            s.idle_since = time.monotonic()
             self._init_failures = 0
             limit = self.settings.memory_limits.get(s.gpu)
             if limit is not None:     # the share may have changed since the pool started (a phase, a retired worker)
                 s.conn.send(("limit", limit))
+                s.conn.send(("alone", len(self._live(s.gpu)) == 1))
         elif kind == "init_failed":
             self._init_failures += 1
             if self._init_failures >= 3:
@@ -304,8 +408,14 @@ class WorkerPool:
             s.fatal = msg[1]
         elif kind == "done" and s.task is not None:
             self.peak_bytes = max(self.peak_bytes, msg[2] if len(msg) > 2 else 0)
+            if len(msg) > 4:
+                self.pace.held_s += msg[3] - s.held_s
+                self.pace.compile_wait_s += msg[4] - s.compile_s
+                s.held_s, s.compile_s = msg[3], msg[4]
             task, results = s.task, s.results
             s.task, s.results, s.pending_Ms = None, [], []
+            s.idle_since = time.monotonic()
+            self.pace.measurements += len(results)
             self._complete(task, results, s.gpu, done)
 
     def _complete(self, task: Task, results: list, gpu: int, done: list) -> None:
@@ -354,6 +464,9 @@ class WorkerPool:
         if plan is None or plan.phase(name) is None:
             return
         self._phase = plan.phase(name)
+        if self.builders is not None and not self._phase.apart and not self.builders.busy():
+            self.builders.close()        # a phase whose kernels compile in the workers: the CPUs are theirs
+            self.builders = None
         for i, g in enumerate(plan.gpus):
             want = max(1, plan.workers[name][i] - self._cut.get(g.index, 0))
             live = self._live(g.index)
@@ -387,6 +500,7 @@ class WorkerPool:
         for s in live:
             if s.ready:
                 s.conn.send(("limit", limit))
+                s.conn.send(("alone", len(live) == 1))
 
     def _retire(self, s: _Slot) -> None:
         try:

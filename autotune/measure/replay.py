@@ -49,6 +49,13 @@ class ReplayPool:
     def busy(self) -> int:
         return len(self._done)
 
+    def measuring(self) -> int:
+        return self.workers
+
+    def seconds_per_measurement(self) -> float | None:
+        """The recording's device seconds per answer so far."""
+        return self.charged_s / self.answered if self.answered else None
+
     def submit(self, task: Task) -> None:
         task.id = next(self._ids)
         out = []

@@ -32,7 +32,8 @@ class ConfigSearch(Step):
             return
         if hasattr(ctx.pool, "use_phase"):
             ctx.pool.use_phase(phase_name(registry.CONFIGS))
-        ctx.clock = Clock(ctx.pool)       # the budget counts the search's device time, from here
+        ctx.clock = Clock(ctx.pool)       # a replay's budget counts the search's recorded device time, from here
+        ctx.problems_left = sum(len(fp.problems) for fp in self.plans)
         for fp in self.plans:
             self.wrote |= search_family(ctx, fp)
 
@@ -42,6 +43,37 @@ class ConfigSearch(Step):
             return ctx.sinks.summary.incomplete_error()
         return NothingDone("no config of " + ", ".join(fp.name for fp in self.plans) + " ran correctly at any batch "
                            "size: nothing written (the lines above say why)")
+
+
+# What a run does after its config searches beside the backend choice: the summary, closing the pool.
+FINISH_S = 2.0
+
+
+def problem_end(ctx) -> float | None:
+    """On a GPU with --budget (the run's wall time from the process's start): when this problem's files must be
+    written, the time left shared equally by the problems left, less what the backend choice after them is
+    estimated to take (autotune.run.scope). None elsewhere: a replay's budget is its recorded device seconds."""
+    from autotune.search.context import process_started
+
+    budget = ctx.settings.budget_s
+    if budget is None or ctx.device.kind != "gpu":
+        return None
+    end = process_started() + budget - FINISH_S - backend_choice_s(ctx)
+    return time.monotonic() + max(0.0, end - time.monotonic()) / max(1, ctx.problems_left)
+
+
+def backend_choice_s(ctx) -> float:
+    """The scope's estimate of the backend families' device time in this run (0 where there are none)."""
+    from autotune.families import registry
+    from autotune.problems.selection import selection
+    from autotune.run.scope import scope
+
+    plans = [fp for fp in ctx.plans if registry.get(fp.name).step == registry.BACKENDS and fp.problems]
+    if not plans:
+        return 0.0
+    req = ctx.request
+    est = scope(plans, selection(req).tps, req.trials or 40, req.neighbours, None, ctx.cache, ctx.device).device_s
+    return est or 0.5 * (ctx.settings.budget_s or 0.0)
 
 
 def check_config_files(ctx, plans) -> None:
@@ -65,6 +97,8 @@ def search_family(ctx, fp) -> bool:
     wrote = False
     for p in fp.problems:
         t0 = time.monotonic()
+        ctx.settings.ends_at = problem_end(ctx)
+        ctx.problems_left -= 1
         with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
                                     p.key) as bar:
             tuner = ProblemTuner(ctx, p, family, progress=bar)
@@ -147,7 +181,7 @@ def select_and_export(ctx, tuner, t0) -> bool:
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} configs measured "
           f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
           f"included), device time {clock.device_s():.0f} s")
-    table = problem_table(choices, trials)
+    table = problem_table(choices, trials, layer)
     ctx.sinks.report.table(table)
     summary.add(tuner.family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
                                     "kept": written["kept"], "evaluations": tuner.evaluations(),
@@ -180,13 +214,14 @@ def why_no_pair(tuner, M: int) -> str:
 
 
 def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:
-    """On a GPU: each M's pick against SGLang's shipped and default pairs, timed as SGLang runs the
-    layer (autotune.families.triton_moe.confirm); a baseline faster beyond the spread replaces the pick. A replay has no
-    layer to time: its picks stand on the recorded per-GEMM times, and it says so. The check runs in
-    this process, held to its share of the GPU memory plan; where it fails (out of memory, say) the
-    selection's picks are written and the run says the check is missing."""
+    """On a GPU: each M's pick made as SGLang serves the layer (autotune.families.triton_moe.confirm): the
+    selection's best pairs and SGLang's shipped and default ones timed in SGLang's own MoE block, the fastest
+    written (a tuned pair only beyond the spread). A replay has no layer to time: its picks stand on the
+    recorded per-GEMM times, and it says so. The check runs in this process, held to its share of the GPU
+    memory plan; where it fails (out of memory, say) the selection's picks are written and the run says the
+    check is missing."""
     from autotune.families.triton_moe.confirm import confirm_by_layer
-    from autotune.families.triton_moe.moe_layer import LayerError
+    from autotune.families.triton_moe.layer_timing import LayerError
 
     if device.kind != "gpu":
         return {}
@@ -211,7 +246,8 @@ def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
     for M, rec in sorted(layer.items()):
-        if "switched_to" in rec:
-            print(f"  M={M}: SGLang's {rec['switched_to']} pair is {rec['margin']:.1%} faster than the pick as "
-                  f"SGLang runs the layer (spread {rec['spread']:.1%}): written instead")
+        if "pick_was" in rec:
+            others = ", ".join(f"{s} {us:.1f}" for s, us in rec["us"].items() if s != rec["picked"])
+            print(f"  M={M}: as SGLang runs the layer, {rec['picked']} ({rec['source']}) {rec['us'][rec['picked']]:.1f} µs "
+                  f"is written, not the selection's {rec['pick_was']} pick ({others} µs)")
     return layer

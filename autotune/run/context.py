@@ -38,6 +38,7 @@ class RunContext(SearchContext):
     memory: object = None         # the GPU memory plan (autotune.gpus.memory_plan), None off a GPU
     options: dict = field(default_factory=dict)   # family -> what its protocol object is built with
     change: object = None         # the tuned folder's change (autotune.folder.change.FolderChange)
+    problems_left: int = 0        # the config searches' problems not yet searched (they share what is left of --budget)
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)   # pool, locks, the change
 
     def tuned_folder(self):

@@ -108,12 +108,13 @@ def memory_plan(req, device, gpus: list[int], plans):
                 mains.append(main)
             fp.problems = kept
         if workers:
-            phases.append(gm.Phase(phase_name(step), gm.largest(workers), gm.largest(mains)))
+            apart = device.kind in ("gpu", "planned") and all(getattr(fp.family, "compiles_apart", False) for fp in fps)
+            phases.append(gm.Phase(phase_name(step), gm.largest(workers), gm.largest(mains), apart))
     if not phases:
         return None
     try:
         return gm.plan_pool(mems, phases, cores=os.cpu_count() if device.kind == "gpu" else None,
-                            requested=req.workers)
+                            requested=req.workers, builders=req.builders)
     except gm.GpuMemoryError as e:
         raise UsageError(str(e)) from None
 

@@ -55,6 +55,7 @@ def run(req: RunRequest) -> RunResult:
             pool = ctx.pool
             summary.data["memory_plan"].update(measured_peak_bytes=pool.peak_bytes,
                                                resource_retries=pool.resource_retries, workers_retired=pool.retired)
+            say_pace(ctx)
     if ctx.change.outcome:
         print(ctx.change.outcome)
         summary.incomplete(ctx.change.outcome)
@@ -62,6 +63,18 @@ def run(req: RunRequest) -> RunResult:
     if summary.failures:
         raise summary.incomplete_error()
     return RunResult(summary.data, str(ctx.tuned_folder()))
+
+
+def say_pace(ctx) -> None:
+    """The run's pace on a GPU, printed and in --json: measurements per second, the GPU's busy share, what it
+    waited for, and the budget against the wall time so far (from the process's start)."""
+    from autotune.run.report import pace_lines
+    from autotune.search.context import process_started
+
+    pace = ctx.pool.pace.to_dict(since=process_started())
+    ctx.sinks.summary.data["pace"] = {**pace, "budget_s": ctx.settings.budget_s, "pool": ctx.pool.pace.to_dict()}
+    for line in pace_lines(pace, ctx.settings.budget_s):
+        print(line)
 
 
 def run_steps() -> list:

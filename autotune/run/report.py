@@ -8,7 +8,9 @@ import pandas as pd
 from autotune.search.finalists import Choice
 
 
-def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]) -> pd.DataFrame:
+def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]], layer: dict | None = None) -> pd.DataFrame:
+    """Per M: the per-GEMM re-measured sums (default, shipped, tuned), and where the layer check ran, the
+    written pair and the faster of SGLang's own timed as SGLang serves the layer (`layer`: confirm's records)."""
     rows = []
     for M in sorted(set(choices) | set(trials)):
         c = choices.get(M)
@@ -16,17 +18,34 @@ def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]
         default = c.baseline_us.get("default") if c else None
         shipped = c.baseline_us.get("shipped") if c else None
         ref = min((x for x in (default, shipped) if x is not None), default=None)
-        rows.append({
-            "M": M,
-            "default µs": default,
-            "shipped µs": shipped,
-            "tuned µs": c.total_us if c else None,
-            "speedup": (ref / c.total_us) if c and ref else None,
-            "trials": n,
-            "failed": failed,
-            "winner": c.source if c else "none",
-        })
+        row = {"M": M, "default µs": default, "shipped µs": shipped, "tuned µs": c.total_us if c else None,
+               "speedup": (ref / c.total_us) if c and ref else None}
+        if layer:
+            rec = layer.get(M) or {}
+            us = rec.get("us", {})
+            sglang = min((us[s] for s in ("shipped", "default") if s in us), default=None)
+            written = us.get(rec.get("picked"))
+            row.update({"layer written µs": written, "layer SGLang µs": sglang,
+                        "layer speedup": sglang / written if written and sglang else None})
+        row.update({"trials": n, "failed": failed, "winner": c.source if c else "none"})
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def pace_lines(pace: dict, budget_s: float | None) -> list[str]:
+    """What the run says of its own pace (autotune.measure.pool.Pace.to_dict, over the whole run)."""
+    out = [f"pace: {pace['measurements']} device measurements in {pace['wall_s']:.0f} s of wall time "
+           f"({pace['measurements_per_s']:.1f}/s); the GPU was held for measuring {pace['gpu_held_s']:.0f} s, "
+           f"{pace['gpu_busy_share']:.0%} of the run"]
+    if pace["builds"] or pace["waited_for_builds_s"]:
+        out.append(f"  compiling apart: {pace['builds']} kernels built in {pace['build_s']:.0f} builder-seconds; "
+                   f"the GPU's process waited {pace['waited_for_builds_s']:.1f} s for builds and compiled "
+                   f"{pace['compile_wait_s']:.1f} s itself" + (f"; {pace['builds_lost']} builds lost to a dead or "
+                                                                "hung builder" if pace["builds_lost"] else ""))
+    if budget_s is not None:
+        out.append(f"  --budget {budget_s:.0f} s: {pace['wall_s']:.0f} s so far "
+                   f"({pace['wall_s'] / budget_s - 1:+.0%}), the files written")
+    return out
 
 
 def backend_table(tuner, choices: dict) -> pd.DataFrame:

@@ -24,6 +24,7 @@ class TuneRequest:
     replay_realtime: float = 0.0
     gpus: str = "0"
     workers: int | None = None
+    builders: int | None = None
     routings: int = 10
     seed: int = 0
     skew: float = 0.0

@@ -39,7 +39,11 @@ def start_pool(ctx):
     settings = Settings(on_cpu=ctx.device.kind == "cpu-interpreter", seed=req.seed, skew=req.skew,
                         routings=req.routings, options=ctx.options, log_path=worker_log(req), memory_limits=limits,
                         warmup=[(fp.name, [p.to_dict() for p in fp.problems]) for fp in ctx.plans if fp.problems])
-    return WorkerPool(settings, len(slots), gpus=slots, timeout_s=req.timeout, memory_plan=memory)
+    building = None
+    if memory is not None and memory.phases[0].apart and memory.builders:
+        from autotune.measure.builders import Building
+        building = Building(memory.builders, ctx.device.sm)
+    return WorkerPool(settings, len(slots), gpus=slots, timeout_s=req.timeout, memory_plan=memory, building=building)
 
 
 def worker_log(req) -> str | None:

@@ -21,6 +21,32 @@ class TuneSettings:
     polish: float = 0.3              # last share of each study's trials: one-step moves around its top configs
     use_shipped: bool = True         # seed with SGLang's shipped config (benchmarks turn it off)
     warm_start: object = None        # autotune.search.warm_start.WarmStart: another study's best configs first
+    # On a GPU, --budget is the run's wall time: the time.monotonic() by which this problem's files must be
+    # written. Its search stops asking once what it has yet to do after the search (the tasks in flight, the
+    # finalists' re-measurements, the layer check, the files: ProblemTuner.after_search_s) would pass it.
+    # None: no such end (budget_s, the search's device seconds, bounds a replay instead).
+    ends_at: float | None = None
+
+
+def process_started() -> float:
+    """time.monotonic() of this process's start (Linux: /proc), so a budget counts the interpreter's start and
+    the imports too, as `time autotune run ...` does; elsewhere the time of the first call."""
+    import os
+
+    global _STARTED
+    if _STARTED is None:
+        try:
+            with open(f"/proc/{os.getpid()}/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/uptime") as f:
+                uptime = float(f.read().split()[0])
+            _STARTED = time.monotonic() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError, IndexError):
+            _STARTED = time.monotonic()
+    return _STARTED
+
+
+_STARTED: float | None = None
 
 
 @dataclass
@@ -31,6 +57,10 @@ class Clock:
     def device_s(self) -> float:
         charged = getattr(self.pool, "charged_s", None)
         return charged if charged is not None else time.monotonic() - self.start
+
+    def now(self) -> float:
+        """What TuneSettings.ends_at is compared with: time.monotonic() (a test's clock may run on recorded seconds)."""
+        return time.monotonic()
 
 
 @dataclass

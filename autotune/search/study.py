@@ -38,6 +38,12 @@ from autotune.search.context import Clock, SearchContext, TuneSettings
 from autotune.search.warm_start import fit
 
 
+# Before the run has measured anything: seconds a measurement takes on a GPU (the H100's measuring process:
+# inputs, check and timing of one config at one batch size), and what writing a problem's files takes.
+FIRST_GUESS_S = 0.08
+FILES_S = 3.0
+
+
 def distributions(space) -> dict:
     return {n: optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in space.params.items()}
 
@@ -255,9 +261,22 @@ class ProblemTuner:
 
     def _out_of_budget(self) -> bool:
         s = self.settings
-        if s.budget_s is not None and self.clock.device_s() >= s.budget_s:
+        if s.ends_at is not None and self.clock.now() + self.after_search_s() >= s.ends_at:
+            return True
+        if s.ends_at is None and s.budget_s is not None and self.clock.device_s() >= s.budget_s:
             return True
         return s.max_evaluations is not None and self.evaluations() + len(self.pending) >= s.max_evaluations
+
+    def after_search_s(self) -> float:
+        """Seconds this problem still needs once its search stops asking: the tasks in flight, the family's
+        finalists (re-measured, then timed as SGLang runs them: the family's `after_search_cost`) and its
+        files, at the pace this run measured so far (autotune.measure.pool.Pace)."""
+        per = self.pool.seconds_per_measurement() or FIRST_GUESS_S
+        workers = max(1, self.pool.measuring())
+        in_flight = self.pool.busy() * (1 + 2 * self.settings.neighbours) * per / workers
+        cost = getattr(self.family, "after_search_cost", None)
+        rest = cost(self.problem, self.device, per, workers) if cost is not None else 0.0
+        return in_flight + rest + FILES_S
 
     def _inflight(self, slot: Slot) -> int:
         """Asks of this study still being measured (neighbour measurements do not count)."""

@@ -8,7 +8,6 @@ tile rules, TMA), how SGLang sizes its buffers per GEMM, and the float32 referen
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 from autotune.families import spaces
 from autotune.gpus.device import DeviceInfo
@@ -16,11 +15,17 @@ from autotune.numerics.fp8 import FP8_MAX, fp8_blocks, fp8_per_matrix
 from autotune.problems.models import Problem
 from autotune.families.registry import CONFIGS, MOE
 from autotune.families.triton_moe.files import SglangMoeFiles
-from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size
+from autotune.families.triton_moe.inputs import MoeInputs
+from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size, sglang_alignment_buffers
 from autotune.families.triton_moe.tma import tma_capable
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
+# The selection's careful re-measurements per batch size (the top pairs' and SGLang's two pairs' configs of
+# both GEMMs: autotune.families.triton_moe.pairs) and what one costs against a search measurement (21 timed
+# replays, not 7, after the same warm-up): what the budget keeps for them.
+CAREFUL_PER_M = 10
+CAREFUL_COST = 2.0
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
@@ -52,29 +57,14 @@ def compute_dtype(problem: Problem, on_cpu: bool):
     return torch.float32 if on_cpu else torch.bfloat16
 
 
-@dataclass
-class MoeInputs:
-    problem: Problem
-    gemm: str
-    M: int
-    A: list            # activation per routing set
-    B: object          # weights [E, 2N, K] (gate_up) or [E, K, N] (down)
-    B_scale: object
-    dequant: object    # expert index -> float32 weights as the kernel sees them
-    C: object          # output buffer shared by all routing sets
-    topk_ids: list
-    topk_weights: list
-    on_cpu: bool
-    _aligned: dict = field(default_factory=dict)
-    _sorted_A: dict = field(default_factory=dict)
-    _ref: object = None
-
-
 class TritonMoe(SglangMoeFiles):
     name = "triton_moe"
     # its declaration (autotune.families.registry); its files' rules are SglangMoeFiles'
     step, problems, options, order = CONFIGS, MOE, ("space_path", "sglang_versions"), 0
     gemms = GEMMS
+    # Triton compiles SGLang's kernel for any NVIDIA target without the GPU: builders do it apart from the
+    # measuring process (autotune.measure.builders, autotune.families.triton_moe.apart)
+    compiles_apart = True
 
     def __init__(self, space_path: str | None = None, sglang_versions: tuple[str, ...] = ()):
         self.space_path = space_path
@@ -185,6 +175,16 @@ class TritonMoe(SglangMoeFiles):
             return f"shared memory estimate {need} B > {device.smem_optin} B opt-in limit"
         return None
 
+    def after_search_cost(self, problem: Problem, device: DeviceInfo, per_s: float, workers: int) -> float:
+        """Seconds this family needs for a problem after its search, at `per_s` seconds a measurement: the
+        finalists' careful re-measurements (autotune.families.triton_moe.pairs) and, on a GPU, the layer check
+        that picks among them as SGLang runs the layer (autotune.families.triton_moe.confirm)."""
+        from autotune.families.triton_moe.confirm import LAYER_SETUP_S, layer_check_s
+
+        Ms = len(problem.batch_sizes)
+        careful = Ms * CAREFUL_PER_M * per_s * CAREFUL_COST / workers
+        return careful + (LAYER_SETUP_S + layer_check_s(Ms, per_s) if device.kind == "gpu" else 0.0)
+
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
         """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""
         default = sglang_default_config(problem, M, device)
@@ -218,17 +218,20 @@ class TritonMoe(SglangMoeFiles):
         return _held_inputs(problem, gemm, M, routings) + _reference_transient(problem, gemm, M) + FLUSH_BYTES
 
     def main_footprint(self, problem: Problem, device: DeviceInfo):
-        """The run's own process checking the picks as SGLang runs the layer (autotune.families.triton_moe.confirm) at the
-        largest batch: the weights, three sides' layer buffers (each side's timing graph keeps its own),
-        the float32 layer reference."""
+        """The run's own process making each M's pick as SGLang serves the layer (autotune.families.triton_moe.
+        confirm: SGLang's MoE block, autotune.families.triton_moe.layer_timing) at the largest batch: the
+        checkpoint's experts and the block's processed copy of them, ten routing sets of activations and router
+        logits, the layer's buffers for the calls one timed graph holds and one eager call, the float32 layer
+        reference."""
         from autotune.gpus.memory_plan import FLUSH_BYTES, Footprint
 
         M, p = max(problem.batch_sizes), problem
         T = M * p.top_k
-        layer = 2 * (M * p.K + (T + min(T, p.E + 1) * 255) * 2 * p.N + T * p.N + T * p.K + M * p.K)
-        reference = 4 * (3 * M * p.K + 2 * (3 * p.N * p.K))
+        inputs = 10 * (M * p.K * 2 + M * p.E * 2 + T * 8)
+        layer = (T * 2 * p.N + T * p.N + T * p.K + M * p.K) * 2
+        reference = 4 * (3 * M * p.K + 3 * p.N * p.K)
         return Footprint(f"the layer check of {problem.key}", {
-            "weights": _weight_bytes(p), "layer": 3 * layer, "reference": reference,
+            "weights": 2 * _weight_bytes(p), "inputs": inputs, "layer": 3 * layer, "reference": reference,
             "workspace": FLUSH_BYTES + _weight_build_transient(p)})
 
     # -- inputs --------------------------------------------------------------------------------
@@ -286,7 +289,8 @@ class TritonMoe(SglangMoeFiles):
     def aligned(self, inputs: MoeInputs, block_m: int, routing: int):
         key = (block_m, routing)
         if key not in inputs._aligned:
-            fn = cpu_align_block_size if inputs.on_cpu else sglang_align_block_size
+            fn = (sglang_alignment_buffers if inputs.stand_in else
+                  cpu_align_block_size if inputs.on_cpu else sglang_align_block_size)
             inputs._aligned[key] = fn(inputs.topk_ids[routing], block_m, inputs.problem.E)
         return inputs._aligned[key]
 
@@ -361,6 +365,16 @@ class TritonMoe(SglangMoeFiles):
         finally:
             del kernel.run
         return compiled[-1] if compiled else None
+
+    def compiling_for(self, sm: int):
+        """A context in which `compile_apart` builds kernels for an sm_XY GPU, in a process without one."""
+        from autotune.families.triton_moe.apart import compiling_for
+        return compiling_for(sm)
+
+    def compile_apart(self, config: dict, problem: Problem, gemm: str, M: int):
+        """Compile what `run` would launch for `config` at batch size M on the GPU, from stand-in inputs."""
+        from autotune.families.triton_moe.apart import compile_apart
+        return compile_apart(self, config, problem, gemm, M)
 
     def run(self, config: dict, inputs: MoeInputs, routing: int, *, c_sorted: bool = False, a_sorted=None,
             a_scale=None):

@@ -1,57 +1,119 @@
-"""The per-M pick, confirmed as SGLang runs the layer (on a GPU, after the selection).
+"""The per-M pick made as SGLang serves the layer (on a GPU, after the selection's re-measurements).
 
-The selection re-measures each GEMM alone and adds the two times. SGLang runs them as one layer:
-alignment, gate_up, the activation, down, in its order (with TMA on down for block-FP8, gate_up
-writes its rows sorted and down reads them as they are), so the sum can rank two pairs differently
-from the layer. Here, per M, the layer (autotune.families.triton_moe.moe_layer) is timed with the pick, SGLang's
-shipped pair and its default pair, each first checked against the float32 reference, in turns;
-where a baseline is faster than the pick beyond the measured spread (moe_layer.verdict, the rule
-`autotune check` applies too), the baseline's pair is what gets written. The layer times and what
-was decided go to provenance (per_M[M]["layer"]).
+The selection re-measures each GEMM alone and ranks (gate_up, down) pairs by the sum of the two. SGLang runs a
+pair as one layer, and the sum can rank pairs otherwise (a pair whose down kernel runs slower after that
+gate_up, a launch option the GEMM alone does not show). So, per M, the selection's best tuned pairs (TOP_PAIRS
+of them, by the re-measured sums) and SGLang's shipped and default pairs are each written as SGLang's files and
+timed as SGLang's own MoE block loads and runs them (autotune.families.triton_moe.layer_timing). The fastest is
+written; a tuned pair only where it beats the faster of SGLang's two beyond the measured spread, so ties go to
+what SGLang runs untuned and the written file never makes the layer slower than SGLang's own files, as measured.
+What was timed and decided goes to provenance (per_M[M]["layer"]).
 """
 from __future__ import annotations
 
-from autotune.families.triton_moe.moe_layer import BASELINE_OF_SIDE, MoeSides, SideConfig, time_sides, verdict
+from autotune.families.triton_moe.layer_timing import (BASELINES, DEFAULT, SHIPPED, LayerError, empty_folder,
+                                                      write_side)
+from autotune.measure.timing import noise
+
+TOP_PAIRS = 3        # tuned pairs timed as a layer per M, besides SGLang's two
+REPEATS = 3          # turns of every side per M
+# What the budget keeps for the layer check: SGLang's block built and its experts loaded (imports, weights),
+# and per batch size, per side, a check and REPEATS timings, each about one search measurement.
+LAYER_SETUP_S = 10.0
 
 
-def baseline_rows(choice) -> dict:
-    """moe_layer side -> the re-measured baseline row (a {source, gate_up, down, gate_up_us,
-    down_us, total_us} candidate of the selection) it runs; without a shipped pair SGLang's own
-    folder gives its default, so both baseline sides run the default pair."""
-    rows = {r["source"]: r for r in choice.candidates if r.get("total_us") is not None}
-    if "default" not in rows:
-        return {}
-    return {"default": rows.get("shipped", rows["default"]), "heuristic": rows["default"]}
+def layer_check_s(n_Ms: int, per_s: float) -> float:
+    return n_Ms * (TOP_PAIRS + 2) * (REPEATS + 1) * per_s
 
 
-def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = 3) -> dict:
-    """M -> {"us": {pick, shipped, default}, "spread", "kept" | "switched_to" and "margin"} for every
-    M whose default pair was re-measured; `choices` is changed in place where a baseline wins."""
+def candidates(choice) -> dict:
+    """side name -> the re-measured candidate row it runs ({source, gate_up, down, gate_up_us, down_us,
+    total_us}): "tuned1".."tunedK" by re-measured sum, "shipped" and "default" where the selection had them."""
+    rows = [r for r in choice.candidates if r.get("total_us") is not None]
+    tuned = sorted((r for r in rows if r["source"] not in BASELINES), key=lambda r: r["total_us"])[:TOP_PAIRS]
+    out = {f"tuned{i}": r for i, r in enumerate(tuned, 1)}
+    out.update({r["source"]: r for r in rows if r["source"] in BASELINES})
+    return out
+
+
+def side_folders(problem, device, cands: dict, root) -> dict:
+    """side name -> the config folder SGLang serves it from: SGLang's own (None) for its shipped pair, an empty
+    one for its default, and for each tuned rank a folder holding that rank's pair at every M it has one."""
+    ranks: dict = {}
+    for M, sides in cands.items():
+        for name, row in sides.items():
+            if name not in BASELINES:
+                ranks.setdefault(name, {})[M] = (row["gate_up"], row["down"])
+    folders = {name: write_side(root, name, problem, device, pairs) for name, pairs in ranks.items()}
+    return {**folders, SHIPPED: None, DEFAULT: empty_folder(root)}
+
+
+def faster_baseline(row: dict, sides) -> str:
+    return min((s for s in sides if s in BASELINES), key=lambda s: row[f"{s} µs"])
+
+
+def decide(row: dict, sides) -> str:
+    """The side written: the fastest tuned side where it beats the faster baseline beyond the noise of the two
+    (autotune.measure.timing.noise), else that baseline."""
+    base = faster_baseline(row, sides)
+    tuned = [s for s in sides if s not in BASELINES]
+    if not tuned:
+        return base
+    best = min(tuned, key=lambda s: row[f"{s} µs"])
+    if row[f"{base} µs"] > row[f"{best} µs"] * (1 + noise(row[f"{best} spread"], row[f"{base} spread"])):
+        return best
+    return base
+
+
+def _same(loaded, meant) -> bool:
+    from autotune.families.triton_moe.schema import complete_entry
+
+    up, down = meant
+    return (complete_entry(loaded[0]), complete_entry(loaded[1])) == (
+        complete_entry(up), complete_entry({**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]}))
+
+
+def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = REPEATS, root=None) -> dict:
+    """M -> {"us": {side: µs}, "spread": {side: spread}, "picked": side, "source": what it runs, "vs_sglang",
+    "pick_was": the selection's pick where the layer chose another} for every M with SGLang's default pair among
+    its candidates; `choices` is changed in place where another candidate is written. `timer(sides, M, repeats)`
+    -> a layer_timing.time_sides row (default: SGLang's own block on this GPU)."""
+    import tempfile
+
     from autotune.search.finalists import Choice
 
-    timer = timer or time_sides
-    baselines = {M: baseline_rows(c) for M, c in choices.items()}
-    Ms = sorted(M for M, b in baselines.items() if b)
-    if not Ms:
+    cands = {M: c for M, c in ((M, candidates(ch)) for M, ch in choices.items()) if DEFAULT in c}
+    if not cands:
         return {}
-    pairs = {}
-    for M in Ms:
-        c = choices[M]
-        pairs[M, "tuned"] = SideConfig(c.gate_up, c.down, True, f"the pick ({c.source})")
-        for side, row in baselines[M].items():
-            pairs[M, side] = SideConfig(row["gate_up"], row["down"], True, f"SGLang's {row['source']} pair")
-    out = {}
-    for row in timer(MoeSides(problem, device, ".", configs=pairs), Ms, repeats):
-        M, c, v = row["M"], choices[row["M"]], verdict(row)
-        rec = {"us": {"pick": round(row["tuned µs"], 3),
-                      **{name: round(row[f"{side} µs"], 3) for side, name in BASELINE_OF_SIDE.items()}},
-               "spread": round(v["noise"], 4)}
-        src = baselines[M][v["side"]]
-        if v["slower"] and (src["gate_up"], src["down"]) != (c.gate_up, c.down):
-            choices[M] = Choice.pair(M, (src["gate_up"], src["down"]), (src["gate_up_us"], src["down_us"]), src["source"],
-                                     c.baseline_us, c.candidates)
-            rec.update(switched_to=src["source"], margin=round(row["tuned µs"] / v["us"] - 1, 4))
-        else:
-            rec["kept"] = c.source
-        out[M] = rec
-    return out
+    own = None
+    if timer is None:
+        from autotune.families.triton_moe.layer_timing import LayerTimer, time_sides
+        own = LayerTimer(problem, device)
+        timer = lambda sides, M, n: time_sides(own, sides, [M], n)[0]     # noqa: E731
+    root = root or (own.scratch if own is not None else tempfile.mkdtemp(prefix="autotune-layer-"))
+    try:
+        folders = side_folders(problem, device, cands, root)
+        out = {}
+        for M in sorted(cands):
+            sides = {name: folders[name] for name in cands[M]}
+            row = timer(sides, M, repeats)
+            for name, r in cands[M].items():
+                loaded = row.get(f"{name} loads")
+                if loaded is not None and not _same(loaded, (r["gate_up"], r["down"])):
+                    raise LayerError(f"M={M}: SGLang loads {loaded} for the {name} side, not the pair meant "
+                                     f"({r['gate_up']}, {r['down']})")
+            side = decide(row, sides)
+            c, r = choices[M], cands[M][side]
+            rec = {"us": {s: round(row[f"{s} µs"], 3) for s in sides},
+                   "spread": {s: round(row[f"{s} spread"], 4) for s in sides}, "picked": side, "source": r["source"],
+                   # the written pair against the faster of SGLang's own (negative: faster)
+                   "vs_sglang": round(row[f"{side} µs"] / row[f"{faster_baseline(row, sides)} µs"] - 1, 4)}
+            if (r["gate_up"], r["down"]) != (c.gate_up, c.down):
+                rec["pick_was"] = c.source
+                choices[M] = Choice.pair(M, (r["gate_up"], r["down"]), (r["gate_up_us"], r["down_us"]), r["source"],
+                                         c.baseline_us, c.candidates)
+            out[M] = rec
+        return out
+    finally:
+        if own is not None:
+            own.close()

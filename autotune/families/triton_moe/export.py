@@ -17,7 +17,6 @@ from autotune.errors import ExportError
 from autotune.gpus.device import DeviceInfo, utc_now
 from autotune.fileio.writing import claim, forced, sha256, write_json
 from autotune.adapters.sglang_loader import sglang_file_name
-from autotune.measure.records import canonical
 from autotune.search.finalists import Choice
 from autotune.adapters.sglang_versions import config_problem, valid_releases
 from autotune.folder.config_files import config_folder
@@ -30,7 +29,11 @@ def config_dir(out: str | Path, device: DeviceInfo) -> Path:
 
 
 def _sglang_entry(config: dict) -> dict:
-    return canonical(config)
+    """Every entry written names num_warps and num_stages (Triton's defaults where the config leaves them to
+    Triton: SGLang's default config does), so a reader sees what runs."""
+    from autotune.families.triton_moe.schema import complete_entry
+
+    return complete_entry(config)
 
 
 def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) -> None:

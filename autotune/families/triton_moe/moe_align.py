@@ -31,6 +31,12 @@ def sglang_align_block_size(topk_ids, block_m: int, num_experts: int):
     return wrapper_mod.moe_align_block_size(topk_ids, block_m, num_experts)
 
 
+def sglang_alignment_buffers(topk_ids, block_m: int, num_experts: int):
+    """SGLang's wrapper as the GPU runs it, inside autotune.adapters.sglang_compile.compile_view: the buffers
+    it sizes, their contents never computed (a compile apart from the GPU reads shapes only)."""
+    return triton_utils_module("moe_align_block_size").moe_align_block_size(topk_ids, block_m, num_experts)
+
+
 def cpu_align_block_size(topk_ids, block_m: int, num_experts: int):
     """CPU stand-in for the CUDA alignment op (used only under Triton's interpreter): each
     expert's (token, slot) ids sorted together and padded to a multiple of block_m with the

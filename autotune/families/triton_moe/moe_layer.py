@@ -1,27 +1,25 @@
-"""SGLang's fused MoE layer with the configs each side would load, and its timing per side.
+"""The fused MoE composed from SGLang's kernels with the configs each side would load: the decode harness's
+MoE (autotune.validate.harness builds its step from it, where SGLang's server cannot run; on the CPU too).
 
 Sides: `heuristic` = SGLang's default config with no file at all; `default` = what SGLang loads
 from its own folder (its shipped file for this GPU, else its heuristic: a server started without
 SGLANG_MOE_CONFIG_DIR); `tuned` = the tuned folder. The layer is SGLang's call sequence: block
 alignment with SGLang's `moe_align_block_size`, `TritonMoe.run` (SGLang's `invoke_fused_moe_kernel`)
 for gate_up, SGLang's `silu_and_mul`, `TritonMoe.run` for down with the routing weights, the sum
-over top-k. The run confirms its picks with it (autotune.families.triton_moe.confirm), `autotune check` re-times a folder with it and
-the decode harness (autotune.validate.harness) builds its step from it.
+over top-k. It is a composition of SGLang's pieces, not SGLang's layer: the run's pick and `autotune check`
+time SGLang's own MoE block instead (autotune.families.triton_moe.layer_timing).
 """
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.measure.timing import noise
 
 SIDES = ("heuristic", "default", "tuned")
 
 
-class LayerError(ValueError):
-    """The layer cannot run as asked (not on this device, no tuned file) or a side computes wrong results."""
+from autotune.families.triton_moe.layer_timing import LayerError  # noqa: E402  (one error for both layers)
 
 
 @dataclass
@@ -181,51 +179,3 @@ class MoeSides:
         if self.on_cpu:
             return time_cpu(lambda i: fn(), 1, repeats=self.inner)
         return time_gpu(lambda i: fn(), 1, repeats=self.inner)
-
-
-# What each baseline side runs, by the name reports use: "default" = what SGLang loads from its own
-# folder (its shipped file, else its default config), "heuristic" = SGLang's default config.
-BASELINE_OF_SIDE = {"default": "shipped", "heuristic": "default"}
-
-
-def verdict(row: dict) -> dict:
-    """A time_sides row judged: the faster baseline side, its µs, the noise threshold (the larger of
-    the two sides' spreads, at least measure.MIN_EFFECT) and whether tuned is slower than it beyond that."""
-    best = min(BASELINE_OF_SIDE, key=lambda s: row[f"{s} µs"])
-    margin = noise(row["tuned spread"], row[f"{best} spread"])
-    return {"side": best, "name": BASELINE_OF_SIDE[best], "us": row[f"{best} µs"], "noise": margin,
-            "slower": row["tuned µs"] > row[f"{best} µs"] * (1 + margin)}
-
-
-def time_sides(sides: MoeSides, batch_sizes, repeats: int = 5, seed: int = 3) -> list[dict]:
-    """Per batch size: the MoE layer of each side, timed in turns (the order rotates per repeat so
-    drift falls on every side alike), on one layer's weights and one uniform routing, after each
-    side's output is checked against the float32 reference. Rows: {"M", "<side> µs" (median over
-    repeats), "<side> spread" ((max - min) / median), "<side> source", "<side> error"}."""
-    import torch
-
-    from autotune.adapters.sglang_loader import sglang_context
-    from autotune.families.triton_moe import random_routing
-    from sglang.srt import runtime_context as rc
-
-    up_w, down_w = sides.expert_weights(seed)
-    p = sides.problem
-    rows = []
-    with rc.use_context(sglang_context()), torch.no_grad():
-        for M in batch_sizes:
-            g = torch.Generator(device=sides.dev).manual_seed(seed + M)
-            x = torch.randn((M, p.K), generator=g, device=sides.dev).to(sides.dtype)
-            ids, w = (r[0] for r in random_routing(g, M, p.E, p.top_k, 0.0, 1))
-            errors = sides.check_sides(up_w, down_w, x, ids, w)
-            times: dict = {s: [] for s in SIDES}
-            for r in range(repeats):
-                for side in SIDES[r % 3:] + SIDES[: r % 3]:
-                    times[side].append(sides.timer(lambda: sides.moe(up_w, down_w, x, ids, w, side)).median_us)
-            row = {"M": M}
-            for side, ts in times.items():
-                row[f"{side} error"] = errors[side]
-                med = statistics.median(ts)
-                row.update({f"{side} µs": med, f"{side} spread": (max(ts) - min(ts)) / med if med else 0.0,
-                            f"{side} source": sides.side_config(M, side).source})
-            rows.append(row)
-    return rows

@@ -36,6 +36,24 @@ class TritonConfig(BaseModel):
         return v
 
 
+def launch_defaults() -> dict:
+    """What Triton launches with where a config names no num_warps or num_stages: its CUDA backend's own
+    option defaults (read from the installed Triton, not restated)."""
+    import dataclasses
+
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in ("num_warps", "num_stages")}
+
+
+def complete_entry(config: dict) -> dict:
+    """`config` as a file entry that states num_warps and num_stages: where it leaves one out, the value Triton
+    launches it with anyway (the same kernel, said). In the files' key order."""
+    from autotune.measure.records import canonical
+
+    return canonical({**launch_defaults(), **config})
+
+
 def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:
     """Why `doc` (a parsed config file) is not one SGLang's loader and kernel take; None when it is.
     An entry without num_warps or num_stages must be one of SGLang's own configs at that M (its

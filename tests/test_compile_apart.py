@@ -1,0 +1,97 @@
+"""Compiling apart from measuring (autotune.measure.builders): the builders' kernels are the ones the measuring
+process looks up, and nothing a builder does (an error, a crash, a hang) becomes a measurement's verdict."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.measure import records
+from autotune.measure.builders import Building
+from autotune.measure.pool import WorkerPool
+from autotune.measure.tasks import Settings, Task
+from autotune.problems.models import Problem
+
+pytestmark = pytest.mark.slow      # processes and real compiles
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_stand_ins_specialise_as_the_measured_inputs():
+    """Triton keys a compiled kernel by what the launch's arguments are (dtypes, alignment, divisibility,
+    constexprs): the builder's stand-in tensors, shapes only, give the key the measuring process's real inputs
+    give (SGLang's alignment buffers sized by its own wrapper in both), for bf16 and block-FP8 experts, both GEMMs,
+    a TMA down GEMM, small and large batches; and SGLang's SM90 launch with programmatic dependent launch is
+    what the builder compiles."""
+    code = textwrap.dedent("""
+        import dataclasses, json
+        import torch
+        from autotune.families.triton_moe import TritonMoe
+        from autotune.families.triton_moe.apart import compiling_for, stand_in_inputs
+        from autotune.families.triton_moe.moe_align import sglang_alignment_buffers
+        from autotune.problems.models import Problem
+        fam, out = TritonMoe(), []
+        base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+                "num_stages": 3}
+        cases = [("bf16", "gate_up", 1, base), ("bf16", "down", 9, {**base, "BLOCK_SIZE_M": 32}),
+                 ("bf16", "gate_up", 600, {**base, "BLOCK_SIZE_M": 64}),
+                 ("fp8_w8a8_block", "gate_up", 3, base),
+                 ("fp8_w8a8_block", "down", 64, {**base, "BLOCK_SIZE_M": 64, "USE_TMA": True})]
+        with compiling_for(90):
+            for dtype, gemm, M, cfg in cases:
+                p = Problem(32, 256, 512, 4, dtype)
+                built = fam.compile_apart(cfg, p, gemm, M)
+                # the GPU's inputs: made as make_inputs makes them there, bf16 operands (the CPU's are float32)
+                real = fam.make_inputs(p, gemm, M, routings=1, on_cpu=True)
+                bf = torch.bfloat16
+                real = dataclasses.replace(real, on_cpu=False, A=[a.to(bf) for a in real.A], C=real.C.to(bf),
+                                           B=real.B if dtype != "bf16" else real.B.to(bf))
+                real._aligned[cfg["BLOCK_SIZE_M"], 0] = sglang_alignment_buffers(real.topk_ids[0], cfg["BLOCK_SIZE_M"], p.E)
+                measured = fam.compile(cfg, real)
+                out.append([built.hash, measured.hash, bool(built.metadata.launch_pdl)])
+        print(json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"autotune-test-triton-{os.getpid()}")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(got) == 5
+    for built, measured, pdl in got:
+        assert built == measured and pdl
+
+
+PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
+
+
+def _run(pool, tasks, limit=300):
+    out, queue, t0 = {}, list(tasks), time.monotonic()
+    while queue or pool.busy():
+        assert time.monotonic() - t0 < limit, "pool did not finish"
+        while queue and pool.idle():
+            pool.submit(queue.pop(0))
+        for task, ms in pool.poll(timeout=0.2):
+            out[task.config["build"]] = {m.M: m for m in ms}
+    return out
+
+
+def test_every_task_is_built_apart_first_and_a_failed_build_is_never_a_verdict(tmp_path, monkeypatch):
+    """Builders compile each task at each batch size before a worker measures it; a build that raises, crashes
+    its builder or hangs it only loses the forecast: the task is still measured, and the measurement (here a
+    right one) is its verdict. A dead or hung builder is replaced and the pool goes on."""
+    monkeypatch.setenv("FAULTY_STATE", str(tmp_path))
+    settings = Settings(family="tests.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
+    builds = ["ok", "error", "crash", "hang", "ok2"]
+    with WorkerPool(settings, n_workers=1, timeout_s=8, building=Building(2, 90)) as pool:
+        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "ok", "build": b}, [1, 2])
+                          for b in builds])
+        pace = pool.pace
+    assert set(out) == set(builds)
+    for b in builds:
+        assert all(m.status == records.OK for m in out[b].values()), (b, out[b])
+    built = sorted(f.name for f in tmp_path.iterdir() if f.name.startswith("built-"))
+    assert built == ["built-ok-ok-1", "built-ok-ok-2", "built-ok-ok2-1", "built-ok-ok2-2"]
+    assert pace.builds_lost == 2 and pace.measurements == 2 * len(builds)
