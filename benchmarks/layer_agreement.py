@@ -44,8 +44,9 @@ def raw_side(root, name, problem, device, Ms, up, down) -> str:
     return str(Path(root) / name)
 
 
-def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20) -> dict:
-    """side -> µs per call of SGLang's fused_experts, in a plain graph over the routing sets (no flush)."""
+def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20, flush: bool = False) -> dict:
+    """side -> µs per call of SGLang's fused_experts, in a plain graph over the routing sets (no flush; `flush`:
+    a 256 MB buffer zeroed before each replay, as the search's timing does)."""
     import torch
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
 
@@ -74,6 +75,7 @@ def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20)
         graphs[side] = g
     out: dict = {s: [] for s in folders}
     names = list(folders)
+    buf = torch.empty(64 << 20, dtype=torch.int32, device="cuda") if flush else None
     for r in range(rounds):
         for side in names[r % len(names):] + names[: r % len(names)]:
             g = graphs[side]
@@ -81,6 +83,8 @@ def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20)
                 g.replay()
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
             for a, b in ev:
+                if buf is not None:
+                    buf.zero_()
                 a.record()
                 g.replay()
                 b.record()
@@ -120,6 +124,30 @@ def gemm_sum(problem, pairs: dict, M: int) -> dict:
     return out
 
 
+def warmup_ab(problem, Ms=(1, 64, 1024), rounds: int = 8) -> list[dict]:
+    """One search measurement's timing with the 30 ms warm-up and with 5 ms, alternated, on a GPU kept busy (as a
+    lone measuring process keeps it): does the shorter warm-up change the median?"""
+    from autotune.families.triton_moe import TritonMoe
+    from autotune.measure.timing import time_gpu
+
+    fam, out = TritonMoe(), []
+    cfg = {"gate_up": UP, "down": {**UP, "num_stages": 3}}
+    for M in Ms:
+        for g in ("gate_up", "down"):
+            inputs = fam.make_inputs(problem, g, M)
+            times = {30.0: [], 5.0: []}
+            for r in range(rounds):
+                for w in ((30.0, 5.0) if r % 2 == 0 else (5.0, 30.0)):
+                    times[w].append(time_gpu(lambda i: fam.run(cfg[g], inputs, i), 10, repeats=7, warmup_ms=w).median_us)
+            med = {w: statistics.median(v) for w, v in times.items()}
+            out.append({"M": M, "gemm": g, "warmup_30ms_us": med[30.0], "warmup_5ms_us": med[5.0],
+                        "spread_30ms": (max(times[30.0]) - min(times[30.0])) / med[30.0],
+                        "ratio": med[5.0] / med[30.0]})
+            print(f"warm-up A/B M={M:5d} {g:8s} 30 ms {med[30.0]:8.2f}  5 ms {med[5.0]:8.2f}  "
+                  f"ratio {med[5.0] / med[30.0]:.4f}  spread(30) {out[-1]['spread_30ms']:.1%}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--Ms", default="1,2,4,8,64,1024")
@@ -155,24 +183,32 @@ def main() -> None:
     t0 = time.time()
     with torch.no_grad():
         for M in Ms:
+            timer.flush = "read"
             [tool] = time_sides(timer, folders, [M], repeats=3)
+            timer.flush = "write"
+            [tool_w] = time_sides(timer, folders, [M], repeats=3)
             pairs = {s: tuple(tool[f"{s} loads"]) for s in folders}
             own = sglang_own(timer, folders, M)
+            own_w = sglang_own(timer, folders, M, flush=True)
             with in_context(sglang_context()):
                 old = old_layer(problem, device, pairs, M)
                 gemms = gemm_sum(problem, pairs, M)
             for s in folders:
                 rows.append({"M": M, "pair": s, "loads": pairs[s], "tool_us": tool[f"{s} µs"],
-                             "tool_spread": tool[f"{s} spread"], "sglang_us": own[s], "old_us": old[s],
+                             "tool_spread": tool[f"{s} spread"], "tool_write_flush_us": tool_w[f"{s} µs"],
+                             "sglang_us": own[s], "sglang_write_flush_us": own_w[s], "old_us": old[s],
                              "gemms_us": gemms[s], "error": tool[f"{s} error"],
                              "tool_vs_sglang": tool[f"{s} µs"] / own[s] - 1})
                 r = rows[-1]
-                print(f"M={M:5d} {s:16s} tool {r['tool_us']:8.2f} (±{r['tool_spread']:.1%})  sglang {r['sglang_us']:8.2f}  "
-                      f"tool/sglang {r['tool_vs_sglang']:+.1%}  old {r['old_us']:8.2f}  gemms {r['gemms_us']:8.2f}",
-                      flush=True)
+                print(f"M={M:5d} {s:16s} tool {r['tool_us']:8.2f} (±{r['tool_spread']:.1%}, write-flush "
+                      f"{r['tool_write_flush_us']:.2f})  sglang {r['sglang_us']:8.2f} (write-flush "
+                      f"{r['sglang_write_flush_us']:.2f})  tool/sglang {r['tool_vs_sglang']:+.1%}  old {r['old_us']:8.2f}  "
+                      f"gemms {r['gemms_us']:8.2f}", flush=True)
     timer.close()
+    with in_context(sglang_context()), torch.no_grad():
+        warm = warmup_ab(problem)
     doc = {"gpu": device.name, "versions": device.versions, "problem": problem.key, "seconds": round(time.time() - t0, 1),
-           "date": time.strftime("%Y-%m-%d"), "rows": rows}
+           "date": time.strftime("%Y-%m-%d"), "rows": rows, "warmup_ab": warm}
     Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
     worst = max(abs(r["tool_vs_sglang"]) for r in rows)
     print(f"largest |tool/sglang - 1|: {worst:.1%} over {len(rows)} (M, pair) points; {doc['seconds']} s")

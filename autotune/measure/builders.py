@@ -200,10 +200,15 @@ class Builders:
         if b.conn is not None:
             b.conn.close()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 2.0) -> None:
+        """Every builder asked to end at once, then those still there after `wait_s` killed: a builder holds nothing
+        that a kill loses (Triton writes its cache by renaming a whole file), and one after the other, each
+        interpreter's exit (torch, Triton) took a second or two, half a minute for a machine's builders."""
         for b in self.slots:
             with contextlib.suppress(Exception):
-                if b.proc.is_alive() and b.task is None and b.ready:
+                if b.proc.is_alive():
                     b.conn.send(None)
-                    b.proc.join(timeout=5)
+        end = time.monotonic() + wait_s
+        for b in self.slots:
+            b.proc.join(timeout=max(0.0, end - time.monotonic()))
             self._kill(b)

@@ -140,14 +140,18 @@ class Pace:
     held_s: float = 0.0
     compile_wait_s: float = 0.0
     starved_s: float = 0.0
+    waited_for_search_s: float = 0.0   # a measuring process idle while no build was under way: the search's asks
+    layer_s: float = 0.0               # the run's own process timing and checking the layer (the GPU busy too)
     builds: int = 0
     build_s: float = 0.0
     builds_lost: int = 0
 
     def to_dict(self, since: float | None = None) -> dict:
         wall = time.monotonic() - (self.started if since is None else since)
-        return {"wall_s": round(wall, 1), "measurements": self.measurements, "gpu_held_s": round(self.held_s, 1),
-                "gpu_busy_share": round(self.held_s / wall, 3) if wall > 0 else None,
+        busy = self.held_s + self.layer_s
+        return {"wall_s": round(wall, 1), "measurements": self.measurements, "gpu_held_s": round(busy, 1),
+                "gpu_busy_share": round(busy / wall, 3) if wall > 0 else None, "layer_check_s": round(self.layer_s, 1),
+                "waited_for_search_s": round(self.waited_for_search_s, 1),
                 "measurements_per_s": round(self.measurements / wall, 2) if wall > 0 else None,
                 "compile_wait_s": round(self.compile_wait_s, 1), "waited_for_builds_s": round(self.starved_s, 1),
                 "builds": self.builds, "build_s": round(self.build_s, 1), "builds_lost": self.builds_lost}
@@ -232,15 +236,20 @@ class WorkerPool:
             slot.conn.close()
 
     def close(self) -> None:
+        """Every process asked to end at once (then joined, a worker 5 s at most, then killed): one after the other,
+        their interpreters' exits added up to seconds each."""
         if self.builders is not None:
             self.builders.close()
         for s in self.slots:
             try:
                 if s.proc is not None and s.proc.is_alive() and s.task is None and s.ready:
                     s.conn.send(None)
-                    s.proc.join(timeout=5)
             except Exception:
                 pass
+        end = time.monotonic() + 5.0
+        for s in self.slots:
+            if s.proc is not None:
+                s.proc.join(timeout=max(0.0, end - time.monotonic()))
             self._kill(s)
         shutil.rmtree(self._lock_dir, ignore_errors=True)
 
@@ -354,9 +363,13 @@ class WorkerPool:
         self._queue.append((task, list(task.Ms)))
 
     def _count_idle(self, slot: _Slot) -> None:
-        """A worker's idle time that ends now counts as waiting for builds where builders still held work."""
-        if slot.idle_since is not None and self.builders is not None and self._was_building:
-            self.pace.starved_s += time.monotonic() - slot.idle_since
+        """A worker's idle time that ends now: waiting for builds where builders still held work, else for the
+        search to ask."""
+        if slot.idle_since is not None:
+            if self._was_building:
+                self.pace.starved_s += time.monotonic() - slot.idle_since
+            else:
+                self.pace.waited_for_search_s += time.monotonic() - slot.idle_since
         slot.idle_since = None
 
     @property

@@ -87,7 +87,8 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 _PRIMED = False
 
 
-def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, prime: bool = False) -> Timing:
+def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, prime: bool = False,
+             flush: str = "write", warmup_ms: float = WARMUP_MS) -> Timing:
     """Median per-call time of `launch(i)` for i over routing sets, in a CUDA graph.
 
     On the H200 the first graph timing after another process has run a kernel on the GPU is ~0.35 µs
@@ -96,12 +97,16 @@ def time_gpu(launch, n_routings: int, repeats: int = 7, target_ms: float = 2.0, 
     throwaway one of the same launch, in the steady state of a process alone on its GPU, as a
     server is: a lone process primes once (its first timing), a run's workers, which share the GPU,
     prime every timing (`prime`, under the GPU lock, so no other worker's kernel comes between).
+
+    `flush`: how L2 is emptied before each replay. "write" zeroes a 256 MB buffer (what every timing of the
+    search does): L2 is then full of dirty lines the first call writes back. "read" reads the buffer: L2 is full
+    of clean lines, as after the reads that fill most of a server's L2 before a kernel (the layer timing).
     """
     global _PRIMED
     if prime or not _PRIMED:
         _PRIMED = True
-        _time_graph(launch, n_routings, 3, target_ms)
-    return _time_graph(launch, n_routings, repeats, target_ms)
+        _time_graph(launch, n_routings, 3, target_ms, flush, warmup_ms)
+    return _time_graph(launch, n_routings, repeats, target_ms, flush, warmup_ms)
 
 
 def duel(time_one, launch, versus, rounds: int = DUEL_ROUNDS) -> tuple[Timing, float, float]:
@@ -123,7 +128,8 @@ def duel(time_one, launch, versus, rounds: int = DUEL_ROUNDS) -> tuple[Timing, f
     return t, statistics.median(x.median_us for x in theirs), (hi - lo) / mid if mid > 0 else 0.0
 
 
-def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timing:
+def _time_graph(launch, n_routings: int, repeats: int, target_ms: float, flush_mode: str = "write",
+                warmup_ms: float = WARMUP_MS) -> Timing:
     import torch
 
     t0 = time.perf_counter()
@@ -152,21 +158,26 @@ def _time_graph(launch, n_routings: int, repeats: int, target_ms: float) -> Timi
     graph.replay()
     end.record()
     torch.cuda.synchronize()
-    for _ in range(min(WARMUP_REPLAYS_MAX, int(WARMUP_MS / max(start.elapsed_time(end), 1e-3)))):
+    for _ in range(min(WARMUP_REPLAYS_MAX, int(warmup_ms / max(start.elapsed_time(end), 1e-3)))):
         graph.replay()
-    per_call = timed_replays(graph, flush, repeats, calls)
+    per_call = timed_replays(graph, flush, repeats, calls, flush_mode)
     del graph
     q1, med, q3 = quartiles(per_call)
     return Timing(med, (q3 - q1) / med if med > 0 else 0.0, len(per_call), time.perf_counter() - t0, calls)
 
 
-def timed_replays(graph, flush, replays: int, calls: int) -> list[float]:
-    """µs per call of each of `replays` replays of a graph of `calls` calls, L2 flushed before each."""
+def timed_replays(graph, flush, replays: int, calls: int, mode: str = "write") -> list[float]:
+    """µs per call of each of `replays` replays of a graph of `calls` calls, L2 flushed before each (`mode`: by
+    writing the flush buffer, or by reading it: time_gpu)."""
     import torch
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    sink = torch.empty((), dtype=torch.int64, device=flush.device) if mode == "read" else None
     for s, e in events:
-        flush.zero_()
+        if sink is None:
+            flush.zero_()
+        else:
+            torch.sum(flush, dtype=torch.int64, out=sink)
         s.record()
         graph.replay()
         e.record()

@@ -99,13 +99,17 @@ def search_family(ctx, fp) -> bool:
         t0 = time.monotonic()
         ctx.settings.ends_at = problem_end(ctx)
         ctx.problems_left -= 1
+        phases = Phases()
         with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
                                     p.key) as bar:
             tuner = ProblemTuner(ctx, p, family, progress=bar)
             bar.update(sum(s.asked for s in tuner.slots.values()))
+            phases.done("studies opened")
             tuner.measure_baselines()
+            phases.done("baselines")
             tuner.search()
-        wrote |= select_and_export(ctx, tuner, t0)
+            phases.done("search")
+        wrote |= select_and_export(ctx, tuner, t0, phases)
         if record.path:
             after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
                          (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
@@ -149,7 +153,24 @@ def overlay(ctx, family) -> None:
           f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
-def select_and_export(ctx, tuner, t0) -> bool:
+class Phases:
+    """Where a problem's wall time went (the run says it, and --json keeps it): seconds per step, in order."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+        self._last = time.monotonic()
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(now - self._last, 1)
+        self._last = now
+
+    def line(self, tuner) -> str:
+        return ("  time: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items())
+                + f" (this process's asks {tuner.ask_s:.0f} s and stores {tuner.tell_s:.0f} s during the search)")
+
+
+def select_and_export(ctx, tuner, t0, phases=None) -> bool:
     """Select each M's pair and write the problem's files (the family's `select` and `export`); False (nothing
     written) where no finalist, baselines included, ran correctly at any M: a file of `{}` would replace
     SGLang's shipped one."""
@@ -158,12 +179,15 @@ def select_and_export(ctx, tuner, t0) -> bool:
 
     p, settings, req, device = tuner.problem, tuner.settings, ctx.request, ctx.device
     clock, summary = ctx.clock, ctx.sinks.summary
+    phases = phases or Phases()
     choices = tuner.family.select(tuner, settings.top, settings.careful_repeats)
+    phases.done("selection")
     if not choices:
         print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
               "included: no file written for it")
         return False
     layer = _confirm_by_layer(p, choices, device, tuner.pool, summary)
+    phases.done("layer check")
     trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
     run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
                 "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
@@ -175,6 +199,7 @@ def select_and_export(ctx, tuner, t0) -> bool:
                           for M, (n, f) in trials.items()}}
     written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, req.out, device, p,
                            choices, run_info, folder_step=True)
+    phases.done("files")
     if written is None:
         return False
     written["files"] = [real(f) for f in written["files"]]
@@ -185,7 +210,10 @@ def select_and_export(ctx, tuner, t0) -> bool:
     ctx.sinks.report.table(table)
     summary.add(tuner.family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
                                     "kept": written["kept"], "evaluations": tuner.evaluations(),
-                                    "measured_this_run": tuner.measured_now})
+                                    "measured_this_run": tuner.measured_now,
+                                    "time_s": {**phases.seconds, "asks": round(tuner.ask_s, 1),
+                                               "stores": round(tuner.tell_s, 1)}})
+    print(phases.line(tuner))
     for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(written["files"]))
@@ -235,7 +263,7 @@ def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:
             torch.cuda.set_device(gpu)
             limit_process(fraction, gpu)
         layer = after_search(summary, f"the layer check of {problem.key}", confirm_by_layer, problem, choices,
-                             device, let_through=LayerError) or {}
+                             device, pace=getattr(pool, "pace", None), let_through=LayerError) or {}
     except LayerError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
         print(f"  layer check of {problem.key} not done: {e}")
         return {}

@@ -102,7 +102,7 @@ def format_table(df: pd.DataFrame) -> str:
     def fmt(col, v):
         if v is None or (isinstance(v, float) and pd.isna(v)):
             return "-"
-        if col == "speedup":
+        if col.endswith("speedup"):
             return f"{v:.3f}x"
         if col == "spread":
             return f"{v:.1%}"

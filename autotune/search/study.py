@@ -90,6 +90,8 @@ class ProblemTuner:
         self.shared = self.store.shared
         self.policy = SearchPolicy(self)
         self._last_sync = 0.0
+        self.ask_s = 0.0             # this process's seconds asking the studies (the sampler) during the search
+        self.tell_s = 0.0            # and storing what was measured
         self.slots: dict = {}
         for g in family.gemms:
             for M in self.Ms:
@@ -211,7 +213,9 @@ class ProblemTuner:
                 if self._out_of_budget():
                     break
                 slot = min(live, key=lambda sl: (sl.asked + self._inflight(sl), order.index(sl)))
+                t0 = time.perf_counter()
                 asked = self._ask(slot)
+                self.ask_s += time.perf_counter() - t0
                 if asked is None:
                     slot.exhausted = True
                     live.remove(slot)
@@ -225,12 +229,10 @@ class ProblemTuner:
                 self.store.measuring((slot.gemm, slot.M), trial)
                 self.pool.submit(self._task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
                 live = [sl for sl in order if self._open(sl)]
-            for task, ms in self.pool.poll(timeout=0.2):
-                self._told(task, ms)
+            self._tell(self.pool.poll(timeout=0.2))
         # Let in-flight tasks land so nothing measured is lost.
         while self.pool.busy():
-            for task, ms in self.pool.poll(timeout=0.2):
-                self._told(task, ms)
+            self._tell(self.pool.poll(timeout=0.2))
         if self.shared:
             self._close_queues()
 
@@ -347,6 +349,12 @@ class ProblemTuner:
             slot.dups = 0
             return trial, config
         return None
+
+    def _tell(self, done) -> None:
+        t0 = time.perf_counter()
+        for task, ms in done:
+            self._told(task, ms)
+        self.tell_s += time.perf_counter() - t0
 
     def _told(self, task: Task, ms: list[Measurement]) -> None:
         kind, slot, trial = task.tag

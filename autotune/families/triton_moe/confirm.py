@@ -53,16 +53,22 @@ def faster_baseline(row: dict, sides) -> str:
 
 
 def decide(row: dict, sides) -> str:
-    """The side written: the fastest tuned side where it beats the faster baseline beyond the noise of the two
-    (autotune.measure.timing.noise), else that baseline."""
+    """The side written: the selection's pick (tuned1), or another tuned side that beats it beyond the noise, where
+    that beats the faster baseline beyond the noise of the two (autotune.measure.timing.noise), else that baseline."""
     base = faster_baseline(row, sides)
     tuned = [s for s in sides if s not in BASELINES]
     if not tuned:
         return base
-    best = min(tuned, key=lambda s: row[f"{s} µs"])
-    if row[f"{base} µs"] > row[f"{best} µs"] * (1 + noise(row[f"{best} spread"], row[f"{base} spread"])):
-        return best
-    return base
+    best = tuned[0]          # the selection's pick, unless another tuned pair beats it beyond the noise
+    for s in tuned[1:]:
+        if faster(row, s, best):
+            best = s
+    return best if faster(row, best, base) else base
+
+
+def faster(row: dict, a: str, b: str) -> bool:
+    """Side `a` faster than side `b` beyond the noise of the two (autotune.measure.timing.noise)."""
+    return row[f"{b} µs"] > row[f"{a} µs"] * (1 + noise(row[f"{a} spread"], row[f"{b} spread"]))
 
 
 def _same(loaded, meant) -> bool:
@@ -73,11 +79,13 @@ def _same(loaded, meant) -> bool:
         complete_entry(up), complete_entry({**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]}))
 
 
-def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = REPEATS, root=None) -> dict:
+def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = REPEATS, root=None,
+                     pace=None) -> dict:
     """M -> {"us": {side: µs}, "spread": {side: spread}, "picked": side, "source": what it runs, "vs_sglang",
     "pick_was": the selection's pick where the layer chose another} for every M with SGLang's default pair among
     its candidates; `choices` is changed in place where another candidate is written. `timer(sides, M, repeats)`
-    -> a layer_timing.time_sides row (default: SGLang's own block on this GPU)."""
+    -> a layer_timing.time_sides row (default: SGLang's own block on this GPU); `pace` (autotune.measure.pool.Pace)
+    is told the seconds the check held the GPU."""
     import tempfile
 
     from autotune.search.finalists import Choice
@@ -116,4 +124,6 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
         return out
     finally:
         if own is not None:
+            if pace is not None:
+                pace.layer_s += own.held_s
             own.close()
