@@ -3,11 +3,13 @@
 On a GPU, for Qwen3.5-397B-A17B at TP8 (bf16 experts: E=512, N=128, K=4096, top-10), per batch size and per
 (gate_up, down) pair, four timings of the same layer:
 - `tool`: the run's layer check and `autotune check` (autotune.families.triton_moe.layer_timing: SGLang's
-  FusedMoE with the Triton runner, configs read by SGLang's loader from the side's folder, one CUDA graph over 10
-  routing sets, L2 flushed before each replay, median per call; sides in turns, 3 repeats);
-- `sglang`: SGLang's `fused_experts` (the function the server's Triton runner calls) called directly with the
-  same layer's weights and runner config, in a plain CUDA graph over the 10 routing sets, 20 replays timed with
-  events without an L2 flush, median per call; 3 rounds, the pairs in turns: a timing written apart from the tool's;
+  fused_experts through the tool's adapter, configs read by SGLang's loader from the side's folder, one CUDA graph
+  over 10 routing sets, L2 emptied by a read before each replay, median per call; sides in turns, 3 repeats), and
+  the same with the search's write-flush;
+- `sglang`: SGLang's `fused_experts` (the function the server's Triton runner calls) called here directly with the
+  same weights and routing sets, in a plain CUDA graph over the 10 routing sets, 20 replays timed with events
+  without an L2 flush, median per call; 3 rounds, the pairs in turns: a timing written apart from the tool's (and
+  the same with a write-flush before each replay);
 - `old`: the layer check as it was (autotune.families.triton_moe.moe_layer's composition of SGLang's kernels, one
   routing set, a graph of 2 calls);
 - `gemms`: the search's view, gate_up and down each timed alone (autotune.measure.timing, 10 routing sets), summed.
@@ -45,31 +47,35 @@ def raw_side(root, name, problem, device, Ms, up, down) -> str:
 
 
 def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20, flush: bool = False) -> dict:
-    """side -> µs per call of SGLang's fused_experts, in a plain graph over the routing sets (no flush; `flush`:
-    a 256 MB buffer zeroed before each replay, as the search's timing does)."""
+    """side -> µs per call of SGLang's fused_experts, called here directly (not through the tool's adapter) on the
+    timer's weights and routing sets, in a plain graph over the routing sets (no flush; `flush`: a 256 MB buffer
+    zeroed before each replay, as the search's timing does)."""
     import torch
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     from autotune.adapters.sglang_layer import moe_flags, use_triton_configs
 
-    inputs = timer.inputs(M)
-    block = timer.runner.block(inputs)
-    routed = [block.route(x, lg) for x, lg in zip(inputs.x, inputs.router_logits)]
-    ex = block.experts
+    p = timer.problem
+    xs, wts, ids, _ = timer.inputs(M)
+    w13, _, w2, _ = timer.weights
+    cfg = MoeRunnerConfig(num_experts=p.E, num_local_experts=p.E, hidden_size=p.K, intermediate_size_per_partition=p.N,
+                          layer_id=0, top_k=p.top_k, activation="silu", is_gated=True, inplace=False)
     graphs = {}
     for side, folder in folders.items():
         use_triton_configs(folder)
         with moe_flags("triton", None):
             def call(i):
-                return fused_experts(inputs.x[i], ex.w13_weight, ex.w2_weight, routed[i], ex.moe_runner_config)
-            for i in range(len(routed)):        # eager first: compiles and JIT builds stay outside the graph
+                return fused_experts(xs[i], w13, w2, StandardTopKOutput(wts[i], ids[i], None), cfg)
+            for i in range(len(xs)):        # eager first: compiles and JIT builds stay outside the graph
                 call(i)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-                for i in range(len(routed)):
+                for i in range(len(xs)):
                     call(i)
             torch.cuda.current_stream().wait_stream(s)
         graphs[side] = g
@@ -89,7 +95,7 @@ def sglang_own(timer, folders: dict, M: int, rounds: int = 3, replays: int = 20,
                 g.replay()
                 b.record()
             torch.cuda.synchronize()
-            out[side].append(statistics.median(a.elapsed_time(b) * 1000 / len(routed) for a, b in ev))
+            out[side].append(statistics.median(a.elapsed_time(b) * 1000 / len(xs) for a, b in ev))
     return {s: statistics.median(v) for s, v in out.items()}
 
 

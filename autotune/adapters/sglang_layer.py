@@ -214,6 +214,27 @@ class MoeBlock:
         return out if not isinstance(out, tuple) else out[0]
 
 
+def fused_experts(problem, weights, x, topk_weights, topk_ids):
+    """SGLang's `fused_experts`, the function its Triton MoE runner calls for a layer's experts (its
+    moe_runner/triton.py `fused_experts_none_to_triton`), on one routing: `weights` = (w13 [E, 2N, K], w13 scale,
+    w2 [E, K, N], w2 scale) as that runner holds them (block-FP8: one scale per 128 x 128 tile), the runner
+    config Qwen3.5's block builds (out of place, SiLU-and-mul, no routed scaling). The configs are those SGLang's
+    loader reads (use_triton_configs)."""
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts as sglang_fused_experts
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    w13, s13, w2, s2 = weights
+    fp8 = problem.dtype.startswith("fp8")
+    config = MoeRunnerConfig(num_experts=problem.E, num_local_experts=problem.E, hidden_size=problem.K,
+                             intermediate_size_per_partition=problem.N, layer_id=0, top_k=problem.top_k,
+                             activation="silu", is_gated=True, inplace=False)
+    with moe_flags("triton", QUANTIZATION[problem.dtype]):
+        return sglang_fused_experts(x, w13, w2, StandardTopKOutput(topk_weights, topk_ids, None), config,
+                                    use_fp8_w8a8=fp8, w1_scale=s13, w2_scale=s2,
+                                    block_shape=list(problem.block_shape) if problem.block_shape else None)
+
+
 def resolved_moe_backend(problem, sm: int | None = None) -> str:
     """What SGLang resolves `--moe-runner-backend auto` to for these experts on an SM`sm` GPU: its
     server-argument stage (arg_groups/moe_hook.py: e.g. flashinfer_cutlass for ModelOpt NVFP4 on

@@ -17,6 +17,7 @@ one line, and what was measured is in the storage for the resumed run.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import faulthandler
 import itertools
@@ -204,6 +205,7 @@ class WorkerPool:
         self.slots = [_Slot(gpu=gpus[i % len(gpus)]) for i in range(max(1, n_workers))]
         self.pace = Pace()
         self._queue: list = []        # (task, Ms) waiting for a worker: built, or needing no build
+        self._recent = collections.deque(maxlen=64)   # GPU seconds per measurement of the last tasks
         self._apart: dict = {}        # family name -> does it compile apart (its declaration)
         self.builders = None
         if building is not None:
@@ -283,8 +285,12 @@ class WorkerPool:
         return sum(1 for s in self.slots if not s.retiring)
 
     def seconds_per_measurement(self) -> float | None:
-        """Seconds a measuring process held the GPU per measurement so far (None before a few were made)."""
-        return self.pace.held_s / self.pace.measurements if self.pace.measurements >= 10 and self.pace.held_s else None
+        """Seconds a measuring process holds the GPU per measurement, the median over the last tasks (None before a
+        few were made): a batch size's first measurement also builds its inputs and float32 reference, which the
+        next ones do not repeat, so a mean over the run would forecast every later measurement at its price."""
+        import statistics
+
+        return statistics.median(self._recent) if len(self._recent) >= 5 else None
 
     def submit(self, task: Task) -> None:
         task.id = next(self._ids)
@@ -424,6 +430,8 @@ class WorkerPool:
             if len(msg) > 4:
                 self.pace.held_s += msg[3] - s.held_s
                 self.pace.compile_wait_s += msg[4] - s.compile_s
+                if s.results:
+                    self._recent.append((msg[3] - s.held_s) / len(s.results))
                 s.held_s, s.compile_s = msg[3], msg[4]
             task, results = s.task, s.results
             s.task, s.results, s.pending_Ms = None, [], []

@@ -177,7 +177,7 @@ def timed_replays(graph, flush, replays: int, calls: int, mode: str = "write") -
         if sink is None:
             flush.zero_()
         else:
-            torch.sum(flush, dtype=torch.int64, out=sink)
+            torch.sum(flush, dim=0, dtype=torch.int64, out=sink)
         s.record()
         graph.replay()
         e.record()

@@ -219,19 +219,18 @@ class TritonMoe(SglangMoeFiles):
 
     def main_footprint(self, problem: Problem, device: DeviceInfo):
         """The run's own process making each M's pick as SGLang serves the layer (autotune.families.triton_moe.
-        confirm: SGLang's MoE block, autotune.families.triton_moe.layer_timing) at the largest batch: the
-        checkpoint's experts and the block's processed copy of them, ten routing sets of activations and router
-        logits, the layer's buffers for the calls one timed graph holds and one eager call, the float32 layer
-        reference."""
+        confirm: SGLang's fused_experts, autotune.families.triton_moe.layer_timing) at the largest batch: one layer's
+        experts, ten routing sets of activations and routings, the layer's buffers for the calls one timed graph
+        holds and one eager call, the float32 layer reference."""
         from autotune.gpus.memory_plan import FLUSH_BYTES, Footprint
 
         M, p = max(problem.batch_sizes), problem
         T = M * p.top_k
-        inputs = 10 * (M * p.K * 2 + M * p.E * 2 + T * 8)
+        inputs = 10 * (M * p.K * 2 + T * 8)
         layer = (T * 2 * p.N + T * p.N + T * p.K + M * p.K) * 2
         reference = 4 * (3 * M * p.K + 3 * p.N * p.K)
         return Footprint(f"the layer check of {problem.key}", {
-            "weights": 2 * _weight_bytes(p), "inputs": inputs, "layer": 3 * layer, "reference": reference,
+            "weights": _weight_bytes(p), "inputs": inputs, "layer": 3 * layer, "reference": reference,
             "workspace": FLUSH_BYTES + _weight_build_transient(p)})
 
     # -- inputs --------------------------------------------------------------------------------
@@ -246,7 +245,7 @@ class TritonMoe(SglangMoeFiles):
         dev = "cpu" if on_cpu else "cuda"
         E, N, K, k = problem.E, problem.N, problem.K, problem.top_k
         cdt = compute_dtype(problem, on_cpu)
-        w = self._weights(problem, gemm, seed, dev, cdt)
+        w = self.weights(problem, gemm, seed, dev, cdt)
         g = torch.Generator(device=dev).manual_seed(seed * 7919 + M * 2 + (gemm == "down"))
         topk_ids, topk_weights = random_routing(g, M, E, k, skew, routings)
         rows, in_dim = (M, K) if gemm == "gate_up" else (M * k, N)
@@ -254,7 +253,7 @@ class TritonMoe(SglangMoeFiles):
         C = torch.empty((M * k, 2 * N) if gemm == "gate_up" else (M, k, K), dtype=cdt, device=dev)
         return MoeInputs(problem, gemm, M, A, w[0], w[1], w[2], C, topk_ids, topk_weights, on_cpu)
 
-    def _weights(self, problem: Problem, gemm: str, seed: int, dev: str, cdt):
+    def weights(self, problem: Problem, gemm: str, seed: int, dev: str, cdt):
         """(B, B_scale, dequant(e) -> float32 [rows, cols] of expert e), cached for one problem."""
         import torch
 
@@ -269,7 +268,7 @@ class TritonMoe(SglangMoeFiles):
             parts, scales = [], []
             for e0 in range(0, E, 32):   # chunks bound the float32 temporaries
                 w = torch.randn((min(32, E - e0), rows, cols), generator=g, device=dev) / cols ** 0.5
-                q, sc = self._quantize(problem, w, cdt)
+                q, sc = self.quantize_weights(problem, w, cdt)
                 parts.append(q)
                 scales.append(sc)
                 del w
@@ -278,7 +277,7 @@ class TritonMoe(SglangMoeFiles):
             cache[key] = (B, B_scale, functools.partial(_dequant, problem, B, B_scale))
         return cache[key]
 
-    def _quantize(self, problem: Problem, w, cdt):
+    def quantize_weights(self, problem: Problem, w, cdt):
         """bf16 weights as is; FP8 weights with a per-block (128x128) or per-expert scale."""
         if problem.dtype == "bf16":
             return w.to(cdt), None

@@ -44,7 +44,7 @@ def _weight_layout(family, problem: Problem, gemm: str):
     import torch
 
     rows, cols = (2 * problem.N, problem.K) if gemm == "gate_up" else (problem.K, problem.N)
-    q, scale = family._quantize(problem, torch.randn((1, rows, cols)), torch.bfloat16)
+    q, scale = family.quantize_weights(problem, torch.randn((1, rows, cols)), torch.bfloat16)
 
     def like(t):
         return None if t is None else torch.empty((problem.E, *t.shape[1:]), dtype=t.dtype)

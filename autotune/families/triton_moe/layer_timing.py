@@ -4,8 +4,8 @@ SGLang runs a pair as one MoE layer: its router's top-k, the block alignment, ga
 the sum over top-k, in its own order, with its own buffers and launch options, each GEMM with the config its
 loader reads from the folder it is pointed at. Timing the two GEMMs apart and adding them can rank pairs
 otherwise than that layer; a layer composed by us can differ from SGLang's in a launch option or a buffer. So
-a side here is a config folder, and the layer is SGLang's own MoE block (autotune.adapters.sglang_layer.MoeBlock,
-the Triton runner, as autotune.families.moe_backends launches it), loaded once with one layer's experts:
+a side here is a config folder, and the layer is SGLang's own `fused_experts`, the function its Triton runner calls
+for a layer's experts (autotune.adapters.sglang_layer.fused_experts), on one layer's experts made once:
 - the dicts timed are the ones SGLang's loader reads from that folder (a key a file leaves out is Triton's
   default at launch, there as in a server); `loads` says which, and the caller checks them;
 - a side's folder is SGLang's own (None: its shipped file for this GPU, else its default config), an empty
@@ -63,36 +63,47 @@ def write_side(root: str | Path, name: str, problem, device, pairs: dict) -> str
 
 
 class LayerTimer:
-    """One MoE problem served by SGLang's own block on this GPU: the layer's experts loaded once, its inputs
-    per batch size kept, each side's folder handed to SGLang's loader around that side's launches."""
+    """One MoE problem served by SGLang's `fused_experts` on this GPU (the function its Triton runner calls for a
+    layer's experts): one layer's experts made once (the family's own weights, in the layout that runner holds:
+    w13 [E, 2N, K], w2 [E, K, N]), one batch size's inputs kept at a time with their float32 reference, each side's
+    folder handed to SGLang's loader around that side's launches."""
 
     def __init__(self, problem, device, *, routings: int = 10, seed: int = 3, replays: int = 7, flush: str = "read"):
-        from autotune.families.moe_backends import MoeBf16, MoeFp8
-        from autotune.families.moe_backends.triton import RUNNERS
+        from autotune.families.triton_moe import TritonMoe, compute_dtype
 
         if device.kind != "gpu":
-            raise LayerError("SGLang's MoE block runs on a GPU only: the layer is not timed here")
-        family = {"bf16": MoeBf16, "fp8_w8a8_block": MoeFp8}.get(problem.dtype)
-        if family is None:
+            raise LayerError("SGLang's fused MoE runs on a GPU only: the layer is not timed here")
+        if problem.dtype not in ("bf16", "fp8_w8a8_block"):
             raise LayerError(f"SGLang's Triton MoE layer is not timed for {problem.dtype} experts here")
         self.problem, self.device, self.routings, self.seed, self.replays = problem, device, routings, seed, replays
         # L2 emptied by reading a buffer before each replay: clean lines, as a server's L2 holds after the reads of
         # the kernels before the layer (autotune.measure.timing.time_gpu)
         self.flush = flush
         self.held_s = 0.0         # seconds checking and timing on the GPU (the run's pace counts them)
-        self.family = family()
-        self.runner = next(r for r in RUNNERS if r.family == self.family.name)
+        fam = TritonMoe()
+        up = fam.weights(problem, "gate_up", seed, "cuda", compute_dtype(problem, False))
+        down = fam.weights(problem, "down", seed, "cuda", compute_dtype(problem, False))
+        self.weights = (up[0], up[1], down[0], down[1])
+        self.dequant = (up[2], down[2])
         self._inputs: dict = {}
-        self._routed: dict = {}
         self._root = tempfile.mkdtemp(prefix="autotune-layer-")
 
     def inputs(self, M: int):
-        """One batch size's inputs at a time (with its float32 reference), kept while its sides are timed."""
+        """(x, topk_weights, topk_ids) per routing set at M and the float32 layer of routing set 0, one M at a time."""
         if M not in self._inputs:
+            import torch
+
+            from autotune.adapters.moe_checkpoint import reference
+            from autotune.families.triton_moe import random_routing
+
             self._inputs = {}
-            inputs = self.family.make_inputs(self.problem, "layer", M, seed=self.seed, routings=self.routings)
-            self._inputs = {M: (inputs, self.family.reference(inputs))}
-        return self._inputs[M][0]
+            p = self.problem
+            g = torch.Generator(device="cuda").manual_seed(self.seed * 7919 + M)
+            ids, wts = random_routing(g, M, p.E, p.top_k, 0.0, self.routings)
+            xs = [torch.randn((M, p.K), generator=g, device="cuda").to(torch.bfloat16) for _ in range(self.routings)]
+            ref = reference(xs[0], ids[0], wts[0], self.dequant[0], self.dequant[1], p.N)
+            self._inputs = {M: (xs, wts, ids, ref)}
+        return self._inputs[M]
 
     @property
     def scratch(self) -> str:
@@ -107,32 +118,25 @@ class LayerTimer:
         return up, down
 
     def launch(self, folder: str | None, M: int):
-        """launch(i): SGLang's experts (FusedMoE's forward, the Triton runner) on routing set i with the configs
-        SGLang's loader reads from `folder`. The router's top-k runs once per routing set, outside: no config
-        changes it, and in the layer's time it only dilutes what the configs change."""
-        from autotune.adapters.sglang_layer import refusals, use_triton_configs
+        """launch(i): SGLang's fused_experts on routing set i with the configs its loader reads from `folder`."""
+        from autotune.adapters.sglang_layer import fused_experts, use_triton_configs
 
-        inputs = self.inputs(M)
-        use_triton_configs(folder)
-        block = self.runner.block(inputs)
-        routed = self._routed.get(M)
-        if routed is None:
-            routed = self._routed = {M: [block.route(x, lg) for x, lg in zip(inputs.x, inputs.router_logits)]}
-            routed = routed[M]
+        xs, wts, ids, _ = self.inputs(M)
 
         def launch(i: int):
             use_triton_configs(folder)
-            with refusals("SGLang's Triton MoE runner"):
-                return block.apply(inputs.x[i], routed[i])
+            return fused_experts(self.problem, self.weights, xs[i], wts[i], ids[i])
         return launch
 
     def error(self, folder: str | None, M: int) -> float:
         """The side's relative error against the float32 layer (LayerError where it is wrong)."""
+        from autotune.families.moe_backends import MoeBf16, MoeFp8
         from autotune.measure.timing import check_output
 
-        self.inputs(M)
+        ref = self.inputs(M)[3]
+        tol = (MoeBf16 if self.problem.dtype == "bf16" else MoeFp8).tol
         t0 = time.perf_counter()
-        ok, reason, err = check_output(self.launch(folder, M)(0), self._inputs[M][1], self.family.tolerance(self.problem))
+        ok, reason, err = check_output(self.launch(folder, M)(0), ref, tol)
         self.held_s += time.perf_counter() - t0
         if not ok:
             up, down = self.loads(folder, M)
@@ -150,7 +154,7 @@ class LayerTimer:
     def close(self) -> None:
         import shutil
 
-        self._inputs = {}
+        self._inputs, self.weights = {}, None
         shutil.rmtree(self._root, ignore_errors=True)
 
 

@@ -88,8 +88,8 @@ class MoeSides:
     def expert_weights(self, seed: int):
         """((w13, scale, dequantized), (w2, scale, dequantized)) of one layer's experts."""
         p = self.problem
-        return (self.fam._weights(p, "gate_up", seed, self.dev, self.dtype),
-                self.fam._weights(p, "down", seed, self.dev, self.dtype))
+        return (self.fam.weights(p, "gate_up", seed, self.dev, self.dtype),
+                self.fam.weights(p, "down", seed, self.dev, self.dtype))
 
     def silu_and_mul(self, a):
         if self.on_cpu:
