@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 L2_FLUSH_BYTES = 256 << 20   # several times the largest L2 we target (H200: 60 MB)
 WARMUP_MS = 30.0             # back-to-back GPU work before the timed replays (Triton's do_bench: 25 ms)
+# On a GPU that a lone measuring process timed on less than HOT_GAP_S ago, its clocks are where that timing left
+# them: 5 ms of warm-up gave the same medians as 30 (H100, 6 GEMM x M cases, 8 rounds each alternated: ratios
+# 0.997-1.001, inside their spreads; benchmarks/layer_agreement.py), and the search measures 1.5x as much.
+WARMUP_HOT_MS = 5.0
+HOT_GAP_S = 0.25
 WARMUP_REPLAYS_MAX = 2000
 MIN_EFFECT = 0.01            # the smallest difference between two timings taken as real (1%)
 DUEL_ROUNDS = 3              # rounds of a paired timing (each side timed once per round)
