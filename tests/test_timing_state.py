@@ -35,7 +35,7 @@ def test_no_pin_without_a_correct_default_or_for_the_default_itself():
 def _counting_timer(monkeypatch):
     seen = []
 
-    def fake(launch, n, repeats, target_ms):
+    def fake(launch, n, repeats, target_ms, flush="write", warmup_ms=timing.WARMUP_MS):
         seen.append(repeats)
         return Timing(float(len(seen)), 0.0, repeats, 0.0)
     monkeypatch.setattr(timing, "_time_graph", fake)
