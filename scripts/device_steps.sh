@@ -38,6 +38,7 @@
 #   pace=TAG   issue 42: the README's run as a new user makes it (Qwen3.5-397B TP8 bf16, default flags, fresh storage,
 #              an empty Triton cache), --budget PACE_BUDGET (150s), PACE_ARGS added; its wall time, pace (--json) and
 #              the memory audit
+#   recheck=TAG  `autotune check` of pace=TAG's folder with the re-timing (CHECK_BS)
 #   confirm    issue 12: a short block-FP8 run (CONFIRM_BS, CONFIRM_BUDGET) whose per-M picks are confirmed as
 #              SGLang runs the layer (autotune/families/triton_moe/confirm.py); its provenance holds per_M[M]["layer"]
 # Every call logs the GPU's SM/memory clocks, power and use every 100 ms to $OUT/clocks.csv (timing
@@ -148,13 +149,18 @@ step_pace() {
   local tag=$1 t0 rc
   # shellcheck disable=SC2086  # PACE_ARGS is a list of flags
   t0=$(date +%s.%N)
-  TRITON_CACHE_DIR=/tmp/triton_pace_$tag at run "${MODEL[@]}" --dtype bf16 --kernels triton_moe --gpus all \
+  TRITON_CACHE_DIR=/tmp/triton_pace_$tag at run "${MODEL[@]}" --dtype "${PACE_DTYPE:-bf16}" --kernels triton_moe --gpus all \
      --budget "${PACE_BUDGET:-150s}" --storage "sqlite:///$WORK/pace_$tag.db" --out "$WORK/pace_$tag" \
      --json "$WORK/pace_$tag.json" --worker-log "$WORK/pace_$tag.workers.log" ${PACE_ARGS:-}
   rc=$?
   echo "--- pace $tag: autotune exit $rc, wall $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)") s (budget ${PACE_BUDGET:-150s})"
   python3 benchmarks/memory_audit.py --storage "sqlite:///$WORK/pace_$tag.db" --out "$WORK/pace_$tag" \
      --json "$WORK/pace_$tag.audit.json"
+}
+
+step_recheck() {
+  # `autotune check` of the folder pace=TAG wrote, re-timing it as SGLang serves the layer (CHECK_BS)
+  at check "$WORK/pace_$1/$(ls "$WORK/pace_$1" | head -1)" --sglang-version 0.5.23 --batch-sizes "${CHECK_BS:-1,8,64,1024}"
 }
 
 step_warm() {
