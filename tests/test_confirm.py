@@ -72,6 +72,15 @@ def test_without_a_shipped_pair_the_default_is_the_baseline_and_can_win(tmp_path
     assert layer[1]["picked"] == "default" and choices[1].source == "default"
 
 
+def test_another_tuned_pair_replaces_the_pick_only_beyond_the_noise(tmp_path):
+    choices = {1: choice(1), 8: choice(8)}
+    layer = confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=fake_timer({
+        1: {"tuned1": 20.0, "tuned2": 19.9, "shipped": 25.0, "default": 25.0},      # 0.5%: the pick stays
+        8: {"tuned1": 20.0, "tuned2": 19.0, "shipped": 25.0, "default": 25.0}}))    # 5%: tuned2 is written
+    assert layer[1]["picked"] == "tuned1" and "pick_was" not in layer[1] and choices[1].gate_up == cfg(16, 64)
+    assert layer[8]["picked"] == "tuned2" and choices[8].gate_up == cfg(32, 64)
+
+
 def test_the_spread_decides_what_is_noise(tmp_path):
     choices = {1: choice(1)}
     layer = confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=fake_timer(

@@ -45,8 +45,9 @@ class ConfigSearch(Step):
                            "size: nothing written (the lines above say why)")
 
 
-# What a run does after its config searches beside the backend choice: the summary, closing the pool.
-FINISH_S = 2.0
+# What a run does after its config searches beside the backend choice: the summary, closing the pool and the
+# process's own exit (its CUDA context): 4-7 s on the H100.
+FINISH_S = 6.0
 
 
 def problem_end(ctx) -> float | None:
@@ -109,6 +110,10 @@ def search_family(ctx, fp) -> bool:
             phases.done("baselines")
             tuner.search()
             phases.done("search")
+        if ctx.settings.ends_at is not None and not any(sl.asks_here for sl in tuner.slots.values()):
+            print(f"  --budget left no time to search {p.key}: the start and the baselines took "
+                  f"{time.monotonic() - t0:.0f} s of it and the finalists' layer check needs the rest; its files hold the "
+                  "faster of SGLang's own pairs per batch size (a larger --budget searches)")
         wrote |= select_and_export(ctx, tuner, t0, phases)
         if record.path:
             after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,

@@ -179,11 +179,11 @@ class TritonMoe(SglangMoeFiles):
         """Seconds this family needs for a problem after its search, at `per_s` seconds a measurement: the
         finalists' careful re-measurements (autotune.families.triton_moe.pairs) and, on a GPU, the layer check
         that picks among them as SGLang runs the layer (autotune.families.triton_moe.confirm)."""
-        from autotune.families.triton_moe.confirm import LAYER_SETUP_S, layer_check_s
+        from autotune.families.triton_moe.confirm import layer_check_s
 
         Ms = len(problem.batch_sizes)
         careful = Ms * CAREFUL_PER_M * per_s * CAREFUL_COST / workers
-        return careful + (LAYER_SETUP_S + layer_check_s(Ms, per_s) if device.kind == "gpu" else 0.0)
+        return careful + (layer_check_s(Ms) if device.kind == "gpu" else 0.0)
 
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
         """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""
