@@ -66,6 +66,7 @@ def shapes(sel, target_sm=None) -> list[str]:
 
 
 def publish(to, src=None, branch=None, path=None) -> list[str]:
+    from autotune.errors import mask_credentials
     from autotune.publish import PublishError, device_folder, publish as publish_folder
 
     lines: list[str] = []
@@ -81,7 +82,7 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
         out = publish_folder(src, to, branch or f"tuned/{device_folder(src)}", path)
     except PublishError as e:
         raise UsageError(str(e))
-    lines.append(f"published {src} to {to} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
+    lines.append(f"published {src} to {mask_credentials(to)} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
     for name, kept in out.kept.items():
         for M, why in kept.items():
             lines.append(f"  {name} M={M}: {why}")
