@@ -6,12 +6,18 @@ import re
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#'\"<>]*)@")
 
 
+# A user name that is a token (GitHub's and GitLab's prefixes, or too long for a person's name)
+_TOKEN_USER = re.compile(r"(gh[opsu]_|github_pat_|glpat-)|.{20,}")
+
+
 def mask_credentials(text: str) -> str:
     """`text` with the secret of every URL in it masked: `user:TOKEN@` as `user:***@`, and a bare `TOKEN@`
-    (a token given as the user name, as GitHub's are) as `***@`."""
+    (a token given as the user name, as GitHub's may be) as `***@`; a user name alone stays."""
     def masked(m) -> str:
         user, colon, _ = m.group(2).partition(":")
-        return m.group(1) + (f"{user}:***@" if colon else "***@")
+        if colon:
+            return m.group(1) + f"{user}:***@"
+        return m.group(1) + ("***@" if _TOKEN_USER.match(user) else f"{user}@")
     return _USERINFO.sub(masked, text)
 
 

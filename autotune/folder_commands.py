@@ -177,6 +177,9 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
+    from autotune.folder.provenance import nested_problem
+    if nested_problem(out):
+        raise UsageError(nested_problem(out))
     import contextlib
 
     from autotune.gpus.device import DeviceInfo
@@ -199,5 +202,8 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     unchanged = [c.outcome for c in changes.values() if c.outcome]
     if unchanged:
         raise Incomplete("; ".join(unchanged))
+    if not any(c.swapped for c in changes.values()):
+        return [f"nothing changed: {path} already holds the backend choices of {', '.join(sources)} (no file "
+                "rewritten)"]
     lines.append(f"merged the backend choices of {', '.join(sources)} -> {path}")
     return lines

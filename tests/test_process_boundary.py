@@ -94,6 +94,8 @@ def test_a_token_in_the_serving_url_is_never_printed_and_the_failed_clone_leaves
 @pytest.mark.parametrize("text,shown", [
     ("fatal: unable to access 'https://u:tok@h/r.git/': refused", "fatal: unable to access 'https://u:***@h/r.git/': refused"),
     ("https://ghp_abc123@github.com/o/r.git", "https://***@github.com/o/r.git"),
+    ("https://0123456789abcdef0123456789@host/r.git", "https://***@host/r.git"),
+    ("ssh://git@host/r.git and postgresql://bob@db/x", "ssh://git@host/r.git and postgresql://bob@db/x"),
     ("postgresql://bob:pa@ss@db:5432/x and sqlite:///a.db", "postgresql://bob:***@db:5432/x and sqlite:///a.db"),
     ("git@github.com:o/r.git", "git@github.com:o/r.git")])
 def test_what_a_program_prints_has_its_urls_credentials_masked(tmp_path, text, shown):
