@@ -208,3 +208,60 @@ def test_export_takes_the_run_name_its_refusal_named(tmp_path, capsys):
               2, "holds no run 'typo~replay' (it holds NVIDIA_H200~replay)")
     assert main([*EXPORT, "--storage", f"sqlite:///{db}", "--study", "NVIDIA_H200~replay", "--trials", "3",
                  "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err
+
+
+# --- left from the last round ------------------------------------------------------------------------------------
+
+def test_check_calls_a_config_file_provenance_does_not_list_drift(tmp_path, capsys):
+    """A file dropped into configs/triton_3_6_0/ (SGLang would load it) left the committed folder, whose
+    provenance records no folder hashes, "fresh"."""
+    folder = tmp_path / "NVIDIA_H200"
+    shutil.copytree(COMMITTED, folder)
+    triton = folder / "configs/triton_3_6_0"
+    dropped = triton / "E=512,N=256,device_name=NVIDIA_H200.json"
+    shutil.copy(triton / "E=512,N=128,device_name=NVIDIA_H200.json", dropped)
+    assert main(["check", str(folder), "--no-retime"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"drift: configs/triton_3_6_0/{dropped.name}: not listed in provenance.json: SGLang would load it " \
+           "unchecked (remove it, or re-export the folder)" in out
+    assert out[-1].startswith("drifted")
+    dropped.unlink()
+    assert main(["check", str(folder), "--no-retime"]) == 0                 # the folder as exported: fresh
+
+
+@pytest.mark.parametrize("full", ["said-by-the-disk", "found-when-written"])
+def test_rank_model_on_a_full_disk_leaves_no_folder(tmp_path, capsys, monkeypatch, full):
+    import errno
+
+    out = tmp_path / "rank" / "tp8"
+    if full == "said-by-the-disk":
+        real = os.statvfs
+
+        def statvfs(path):
+            st = real(path)
+            return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, st.f_files, st.f_ffree,
+                                      st.f_favail, st.f_flag, st.f_namemax))
+        monkeypatch.setattr(os, "statvfs", statvfs)
+        says = "is on a full disk"
+    else:
+        def fsync(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(os, "fsync", fsync)       # the write that fills the disk, found when it is flushed
+        says = "No space left on device"
+    rc = main(["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out", str(out)])
+    monkeypatch.undo()
+    _one_line(capsys, rc, 2, says)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_prints_no_optuna_heartbeat_warning(tmp_path, capsys):
+    """Every `autotune worker` printed 12 lines of Optuna's "Heartbeat of storage is supposed to be used with
+    Study.optimize" UserWarning."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")                   # every warning shown, as a terminal would
+        assert main(["worker", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--replay", str(GRID),
+                     "--batch-sizes", "8", "--trials", "2", "--storage", f"sqlite:///{tmp_path / 'w.db'}"]) == 0
+    assert not [w for w in seen if "Heartbeat" in str(w.message)], [str(w.message) for w in seen]
+    assert "complete" in capsys.readouterr().out

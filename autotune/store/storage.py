@@ -9,6 +9,7 @@ import math
 import random
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -86,11 +87,9 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
     records heartbeats for its running trials, and a trial whose process died (no heartbeat for
     3 intervals) is failed and re-queued once with the same parameters (never lost, never
     measured twice as a completed trial). `existing`: it must hold studies already (export reads
-    one); nothing is created in it. `reads_only`: the caller never writes (a warm start), so a read-only
-    storage (`mode=ro`, `immutable=1`) is one to open. A database that is not an Optuna storage is
+    one); nothing is created in it. `reads_only`: the caller never writes (a warm start, export), so a
+    read-only storage (`mode=ro`, `immutable=1`) is one to open. A database that is not an Optuna storage is
     refused untouched."""
-    import warnings
-
     url = url or DEFAULT_STORAGE
     where = target(url)
     if where.read_only and not reads_only:
@@ -167,8 +166,6 @@ def retry_dead_workers_trial(study, trial) -> None:
 
 def fail_dead_trials(study) -> None:
     """Fail the trials of processes that stopped heartbeating (each is re-queued once)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
@@ -398,7 +395,12 @@ class Store:
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            yield
+            with warnings.catch_warnings():
+                # Optuna warns at every ask that heartbeats are meant for Study.optimize; a worker asks and
+                # tells itself and beats for its trials here, so the warning is no news (12 lines a worker).
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used",
+                                        category=UserWarning)
+                yield
         finally:
             stop.set()
             thread.join()
