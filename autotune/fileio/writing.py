@@ -306,9 +306,8 @@ def change_problem(path: str | Path) -> str | None:
 
 
 def tree_problem(folder: str | Path) -> str | None:
-    """Why a folder cannot be changed as one (staged beside it, swapped in, the old copy removed), None
-    where it can: the first entry in the way, and why. A file in it needs no attribute that forbids its
-    removal; a folder in it, write permission too."""
+    """Why a folder cannot be changed as one (staged beside it, each file replaced there as `claim` allows,
+    swapped in, the old copy removed), None where it can: the first entry in the way, and why."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
@@ -316,9 +315,9 @@ def tree_problem(folder: str | Path) -> str | None:
     if why:
         return f"{folder} {why}"
     for here, dirs, files in os.walk(folder):
-        for name, check in [(d, change_problem) for d in dirs] + [(f, _attribute_problem) for f in files]:
+        for name in dirs + files:
             path = Path(here) / name
-            why = None if path.is_symlink() else check(path)
+            why = None if path.is_symlink() else change_problem(path)
             if why:
                 return f"{path} {why}"
     return None

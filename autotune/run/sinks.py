@@ -85,8 +85,7 @@ class Record:
             was, now = (rec.get("versions") or {}).get(k), ctx.device.versions.get(k)
             if was != now:
                 raise UsageError(f"--record {self.path} holds measurements made with {k} {was}, this run measures "
-                                 f"with {k} {now}: one recording is one stack (merge-caches refuses the mix too); "
-                                 "name a new file")
+                                 f"with {k} {now}: one header vouches for every row of a recording; name a new file")
         why = change_problem(self.path)
         if why:
             raise UsageError(f"--record {self.path} {why}: the run would add its measurements to it; make it "
