@@ -129,6 +129,11 @@ def _output_lost(out, code: int) -> int:
 
 def _main(argv) -> int:
     from autotune.cli.common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+
+    why = _working_folder_problem()       # before the libraries that look for their files from it load
+    if why:
+        print(f"autotune: error: {why}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from autotune.errors import Incomplete, NothingDone, UsageError, one_line
     from autotune.fileio.writing import FileFormatError, forcing
     from autotune.cli.inputs import BadInput, cache_folders_problem
@@ -136,10 +141,6 @@ def _main(argv) -> int:
     from autotune.store.run_lock import RunLocked
     from autotune.families.spaces import SpaceError
 
-    why = _working_folder_problem()
-    if why:
-        print(f"autotune: error: {why}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         args = build_parser().parse_args(argv)
     except (BadInput, UsageError) as e:          # UsageError: a kernel family's package declares it wrongly
