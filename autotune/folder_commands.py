@@ -66,6 +66,7 @@ def shapes(sel, target_sm=None) -> list[str]:
 
 
 def publish(to, src=None, branch=None, path=None) -> list[str]:
+    from autotune.errors import mask_credentials
     from autotune.publish import PublishError, device_folder, publish as publish_folder
 
     lines: list[str] = []
@@ -81,7 +82,7 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
         out = publish_folder(src, to, branch or f"tuned/{device_folder(src)}", path)
     except PublishError as e:
         raise UsageError(str(e))
-    lines.append(f"published {src} to {to} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
+    lines.append(f"published {src} to {mask_credentials(to)} on branch {out.branch} ({out.commit[:12]}), {len(out.files)} files")
     for name, kept in out.kept.items():
         for M, why in kept.items():
             lines.append(f"  {name} M={M}: {why}")
@@ -176,6 +177,9 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
+    from autotune.folder.provenance import nested_problem
+    if nested_problem(out):
+        raise UsageError(nested_problem(out))
     import contextlib
 
     from autotune.gpus.device import DeviceInfo
@@ -198,5 +202,8 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     unchanged = [c.outcome for c in changes.values() if c.outcome]
     if unchanged:
         raise Incomplete("; ".join(unchanged))
+    if not any(c.swapped for c in changes.values()):
+        return [f"nothing changed: {path} already holds the backend choices of {', '.join(sources)} (no file "
+                "rewritten)"]
     lines.append(f"merged the backend choices of {', '.join(sources)} -> {path}")
     return lines

@@ -17,8 +17,10 @@ import sys
 import threading
 
 _depth = 0              # > 0: inside deferred(), main thread
+_measuring = 0          # > 0: inside deferred() (a tuning loop), whatever a wait() inside it does to _depth
 _pending: int | None = None
 _seen: list[int] = []   # every stop signal received, first first
+_while_measuring: list[bool] = []   # for each: whether a tuning loop was running
 
 
 def stopped_by() -> int | None:
@@ -26,9 +28,17 @@ def stopped_by() -> int | None:
     return _seen[0] if _seen else None
 
 
+def stopped_while_measuring() -> bool:
+    """Whether the first stop landed while trials were being measured (their re-queue is what a re-run
+    resumes); a command stopped elsewhere (publish, check, merge-caches, a run before its search)
+    measured nothing that a stop could leave half-told."""
+    return bool(_while_measuring and _while_measuring[0])
+
+
 def _on_signal(signum, frame):
     global _pending
     _seen.append(signum)
+    _while_measuring.append(_measuring > 0)
     if signum == signal.SIGTERM:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
     if _depth > 0 and _pending is None:
@@ -44,6 +54,7 @@ def install(sigterm: bool = True) -> None:
     global _pending
     _pending = None
     _seen.clear()
+    _while_measuring.clear()
     signal.signal(signal.SIGINT, _on_signal)
     if sigterm:
         signal.signal(signal.SIGTERM, _on_signal)
@@ -68,18 +79,21 @@ def _main_thread() -> bool:
 
 @contextlib.contextmanager
 def deferred():
-    """A block whose storage writes must not be cut: a stop arriving inside waits for a wait()."""
-    global _depth
+    """A block whose storage writes must not be cut (a tuning loop: asks, tells, re-queues): a stop
+    arriving inside waits for a wait()."""
+    global _depth, _measuring
     if not _main_thread():
         yield
         return
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         install(sigterm=False)      # a library caller (tests, api.run): Ctrl-C deferred the same way
     _depth += 1
+    _measuring += 1
     try:
         yield
     finally:
         _depth -= 1
+        _measuring -= 1
     if _depth == 0:
         checkpoint()
 

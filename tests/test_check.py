@@ -192,6 +192,10 @@ def test_a_provenance_of_no_files_is_said_not_called_fresh_in_silence(tmp_path, 
     shutil.copytree(FOLDER, folder)
     prov = json.loads((folder / "provenance.json").read_text())
     (folder / "provenance.json").write_text(json.dumps({**prov, "files": {}}))
+    for name, entry in prov["files"].items():          # as such an export leaves it: no tuned file either
+        for f in (name, entry.get("down_file")):          # (one left there is drift: SGLang would load it)
+            if f:
+                (folder / f"configs/triton_{entry['triton'].replace('.', '_')}" / f).unlink()
     assert main(["check", str(folder), "--sglang-version", "0.5.23"]) == 0
     out = capsys.readouterr().out
     assert "lists no tuned config files" in out and "runs in SGLang" not in out, out

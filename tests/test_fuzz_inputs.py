@@ -1,6 +1,7 @@
 """Bad input found by generation, not by listing (hypothesis): model configs, search spaces,
-recordings, provenance and flags are mutated, the commands run in-process on them, and every run
-must keep the one invariant of docs/RELIABILITY.md:
+recordings, provenance, flags and the process's environment (git's variables, PATH, TMPDIR, the working
+folder) are mutated, the commands run in-process on them, and every run must keep the one invariant of
+docs/RELIABILITY.md:
 
 - no exception escapes `main` (a traceback fails the example);
 - exit 0 with something useful on stdout and no error line, or a non-zero exit; exit 2 with exactly
@@ -682,6 +683,87 @@ def test_flags_together(tier, capsys):
             names = [f for f, _ in flags]
             if any(names.count(f) > 1 for f in SINGLE) or any(len(group & set(names)) > 1 for group in EXCLUSIVE):
                 assert rc == 2, argv
+    prop()
+
+
+# --- issue 44: the process's environment ---------------------------------------------------------------
+# What a shell, a hook or a container leaves around a command: git's own variables naming another repository
+# (or nothing, or a file), a PATH without git or naming a file, a TMPDIR missing or a file, a working folder
+# inside another repository or deleted under the command. @OTHER@: another repository beside the serving
+# one; @HERE@: the example's folder.
+
+git_variables = st.dictionaries(
+    st.sampled_from(["GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+                     "GIT_CEILING_DIRECTORIES", "GIT_CONFIG_GLOBAL", "GIT_NAMESPACE", "GIT_AUTHOR_DATE"]),
+    st.sampled_from(["@OTHER@/.git", "@OTHER@", "@OTHER@/.git/index", "@HERE@/missing", "@HERE@/file", ""]),
+    min_size=1, max_size=3)
+environments = st.fixed_dictionaries({
+    "git": git_variables,
+    "PATH": st.sampled_from(["@PATH@", "", "@HERE@/bin", "@HERE@/file", "@HERE@/missing", "@HERE@/bin:@PATH@"]),
+    "TMPDIR": st.sampled_from([None, "@HERE@/tmp", "@HERE@/missing", "@HERE@/file", ""]),
+    "cwd": st.sampled_from(["here", "other-repo", "deleted"]),
+    "command": st.sampled_from(["publish", "merge-choices"])})
+
+
+@contextlib.contextmanager
+def _environment(env: dict, root: Path, other: Path):
+    """os.environ (and tempfile's cached folder, and the working folder) as `env` says, while the block runs."""
+    import tempfile
+
+    def filled(v: str) -> str:
+        return v.replace("@OTHER@", str(other)).replace("@HERE@", str(root)).replace("@PATH@", os.environ["PATH"])
+    saved, saved_tmp = dict(os.environ), tempfile.tempdir
+    os.environ.update({k: filled(v) for k, v in env["git"].items()})
+    os.environ["PATH"] = filled(env["PATH"])
+    if env["TMPDIR"] is not None:
+        os.environ["TMPDIR"] = filled(env["TMPDIR"])
+    tempfile.tempdir = None
+    cwd = {"here": root, "other-repo": other, "deleted": root / "gone"}[env["cwd"]]
+    cwd.mkdir(exist_ok=True)
+    os.chdir(cwd)
+    if env["cwd"] == "deleted":
+        cwd.rmdir()
+    try:
+        yield
+    finally:
+        os.chdir(root)
+        os.environ.clear()
+        os.environ.update(saved)
+        tempfile.tempdir = saved_tmp
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_environments(tier, capsys, tmp_path_factory):
+    """publish and merge-choices under any such environment: the invariant; another repository (its refs,
+    HEAD, index and files) byte-identical whatever GIT_* names it; the serving repo as found, or holding the
+    one new branch of an exit 0; and nothing left in the TMPDIR the command saw."""
+    from tests.test_publish import tuned
+    from tests.test_reliability import _git_state, _serving
+
+    @_settings(tier, 8)
+    @given(environments)
+    def prop(env):
+        with _example() as root:
+            (root / "bin").mkdir()
+            (root / "tmp").mkdir()
+            (root / "file").write_text("a file where a folder belongs\n")
+            (root / "elsewhere").mkdir()
+            other, serving = _serving(root / "elsewhere"), _serving(root)
+            src = tuned(root, "t", {1: 10.0})
+            (root / "merged").mkdir()
+            other_state, serving_state = _git_state(other), _git_state(serving)
+            argv = (["publish", "--to", serving, "--from", src] if env["command"] == "publish" else
+                    ["merge-choices", str(PROVENANCE_FOLDER), "--out", root / "merged"])
+            with _environment(env, root, other):
+                rc = _holds(capsys, argv, root)
+            assert _git_state(other) == other_state, env
+            if env["command"] == "publish" and rc == 0:
+                assert _git_state(serving)[2].count("\n") == serving_state[2].count("\n") + 1, env  # one branch more
+            elif env["command"] == "publish":
+                assert _git_state(serving) == serving_state, env
+            assert list((root / "tmp").iterdir()) == [], env
+            if env["cwd"] == "deleted":
+                assert rc == 2, env
     prop()
 
 

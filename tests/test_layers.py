@@ -143,7 +143,7 @@ def crossings(edges: dict, below: str, above: tuple[str, ...]) -> list[tuple[str
 # sits where it does. "families" is the registry, the protocol and what every family shares (its
 # runners' discovery, spaces, the backend-family machinery); FAMILY_PACKAGES are the families.
 TIERS = (
-    ("errors", "stops", "fileio", "numerics"),
+    ("errors", "stops", "programs", "fileio", "numerics"),
     ("gpus", "problems"),
     ("adapters",),
     ("families",),

@@ -19,6 +19,7 @@ from tests.conftest import GRID, ROOT
 RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
        "--quiet"]
 FULL_SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
+RUNS_023 = ROOT / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"     # SGLang 0.5.23's arms on the H200
 
 
 def _cache_header(name="NVIDIA B200", sm=100) -> str:
@@ -412,7 +413,37 @@ CASES = {
         driver="580.1\r")), 2, "device.driver: '580.1\\r' holds a control character"),
     "provenance-version-not-text": (lambda t: _check_edited(t, lambda prov: prov["device"]["versions"].update(
         triton=3.6)), 2, "device.versions.triton: 3.6 is not text"),
+    # issue 44: inputs named twice, a recording of another stack, one line for a refused validation
+    "validate-from-runs-twice": (lambda t: ["validate", "--engine", "sglang", "--from-runs", str(RUNS_023),
+                                            "--from-runs", f"{RUNS_023.parent}/./{RUNS_023.name}", "--configs",
+                                            str(_committed_copy(t))], 2, f"--from-runs names {str(RUNS_023)!r} twice"),
+    "validate-from-runs-a-copy-twice": (lambda t: ["validate", "--engine", "sglang", "--from-runs", str(RUNS_023),
+                                                   "--from-runs", _copy(RUNS_023, t / "again.tgz"), "--configs",
+                                                   str(_committed_copy(t))], 2, "holds the very runs of --from-runs"),
+    "validate-from-runs-other-folder": (lambda t: ["validate", "--engine", "sglang", "--from-runs", str(RUNS_023),
+                                                   "--configs", str(_committed_copy(t)), "--gate"], 2,
+                                        "a tuned run did not load the tuned folder's files: one_batch_bf16_r1_tuned"),
+    "replay-same-recording-twice": (lambda t: _run(t, replay=False) + ["--replay", f"{GRID},{GRID.parent}/./{GRID.name}"],
+                                    2, "is named twice (also as"),
+    "record-other-triton": (lambda t: _run(t, "--record", str(_header_changed(
+        t, lambda d: d["versions"].update(triton="3.5.1")))), 2,
+        "holds measurements made with triton 3.5.1, this run measures with triton 3.6.0"),
+    "record-other-sglang": (lambda t: _run(t, "--record", str(_header_changed(
+        t, lambda d: d["versions"].update(sglang="0.5.16")))), 2,
+        "holds measurements made with sglang 0.5.16, this run measures with sglang 0.5.23"),
 }
+
+
+def _committed_copy(t: Path) -> Path:
+    """The committed H200 folder copied elsewhere: the 0.5.23 arms' tuned runs loaded the committed one."""
+    import shutil
+    shutil.copytree(ROOT / "tuned_configs/NVIDIA_H200", t / "copy" / "NVIDIA_H200")
+    return t / "copy" / "NVIDIA_H200"
+
+
+def _copy(src: Path, dst: Path) -> str:
+    dst.write_bytes(src.read_bytes())
+    return str(dst)
 
 
 def _first_entry(prov: dict) -> dict:

@@ -230,3 +230,111 @@ def test_an_output_where_nothing_can_be_written_is_refused_before_measuring(tmp_
             "/proc/autotune-test/r.jsonl.gz"]
     _refused_before_measuring(tmp_path, capsys, argv, "--record /proc/autotune-test/r.jsonl.gz: output folder "
                                                       "/proc/autotune-test is not writable")
+
+
+# --- output that cannot fail the command (issue 44) ------------------------------------------------------------
+
+MERGE = ["merge-caches", str(GRID), "-o"]
+
+
+class _Failing(io.TextIOBase):
+    """A stdout that fails every write as a full disk or a closed pipe does."""
+
+    def __init__(self, err: OSError):
+        self.err, self.tried = err, 0
+
+    def write(self, text):
+        self.tried += 1
+        raise self.err
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("err,code", [(OSError(28, "No space left on device"), 4),
+                                      (BrokenPipeError(32, "Broken pipe"), 0)])
+def test_a_stdout_that_fails_keeps_the_work_and_says_so_by_its_exit(tmp_path, capsys, monkeypatch, err, code):
+    """`> /dev/full` was an OSError traceback from print (exit 1); `| head -1` a BrokenPipeError one: a full
+    stdout is the command's report lost (exit 4, one line on stderr), a reader that stopped reading is not
+    the command's failure (its own exit, nothing said)."""
+    out = tmp_path / "m.jsonl.gz"
+    failing = _Failing(err)
+    monkeypatch.setattr(sys, "stdout", failing)
+    rc = main([*MERGE, str(out)])
+    monkeypatch.undo()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert failing.tried == 1 and rc == code, (rc, said)
+    with gzip.open(out, "rt") as f:                       # the work is kept
+        assert json.loads(f.readline())["kind"] == "autotune-measurement-cache"
+    if code == 4:
+        assert len(said) == 1 and said[0].startswith("autotune: incomplete: what the command printed could not "
+                                                     "be written to stdout (No space left on device)"), said
+    else:
+        assert said == []
+
+
+def test_a_full_or_closed_stdout_of_the_process_is_no_traceback(tmp_path):
+    """The process itself: its last flush at exit failed too ("Exception ignored ... BrokenPipeError", exit 120)."""
+    with open(os.devnull if not os.path.exists("/dev/full") else "/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "autotune", *MERGE, str(tmp_path / "a.gz")], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=300)
+    if os.path.exists("/dev/full"):
+        assert done.returncode == 4 and done.stderr.startswith("autotune: incomplete: "), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", *MERGE, str(tmp_path / "b.gz")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc.stdout.close()                                   # `| head -0`: the reader is gone before the first line
+    assert proc.wait(timeout=300) == 0 and proc.stderr.read() == ""
+    assert (tmp_path / "a.gz").is_file() and (tmp_path / "b.gz").is_file()
+
+
+def test_a_deleted_working_folder_is_named_in_one_line(tmp_path, capsys, monkeypatch):
+    """A bare "[Errno 2]" from the first relative path, or "Intel oneMKL FATAL ERROR" from `shapes`."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    rc = main(["shapes", "--model", "qwen3.5-397b-a17b", "--tp", "8"])
+    monkeypatch.chdir(tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"autotune: error: the working folder {gone} no longer exists (it was deleted): cd "
+                               "into a folder that exists first"], err
+
+
+# --- a stop says what was running (issue 44) ---------------------------------------------------------------------
+
+def _stopped_inside(monkeypatch, command: str, measuring: bool):
+    """`command`'s function replaced by one that stops itself with SIGTERM, inside a tuning loop or not."""
+    import signal
+
+    import autotune.cli as cli
+    from autotune import stops
+
+    def stopped(args):
+        if measuring:
+            with stops.deferred(), stops.wait():          # where a stop lands while trials are measured
+                signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+        return 0
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices[command].set_defaults(fn=stopped)
+
+
+@pytest.mark.parametrize("command,argv", [("publish", ["--to", "x"]), ("merge-caches", [str(GRID), "-o", "x"]),
+                                          ("check", ["x"]), ("export", ["--storage", "sqlite:///x.db"])])
+def test_a_stop_of_a_command_measuring_nothing_says_nothing_was_half_written(monkeypatch, capsys, command, argv):
+    """SIGTERM of publish, merge-caches, check or export said "the trials being measured are marked and
+    re-queued": there were none."""
+    _stopped_inside(monkeypatch, command, measuring=False)
+    assert main([command, *argv]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autotune: stopped by SIGTERM; nothing was half-written"), err
+    assert "re-queued" not in err[0]
+
+
+def test_a_stop_while_trials_are_measured_says_they_are_re_queued(monkeypatch, capsys):
+    _stopped_inside(monkeypatch, "run", measuring=True)
+    assert main(["run", "--replay", str(GRID)]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the trials being measured are marked and re-queued" in err[0], err

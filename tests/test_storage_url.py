@@ -25,6 +25,8 @@ ACCEPTED = [
     ("sqlite:///file:u%2561.db?uri=true", "ua.db", None),       # SQLite decodes a URI's path again
     ("sqlite:///file:u.db?mode=ro&uri=true", "u.db", "mode=ro"),
     ("sqlite:///file:u.db?immutable=1&uri=true", "u.db", "immutable=1"),
+    ("sqlite:///file:u.db?immutable=true&uri=true", "u.db", "immutable=true"),   # SQLite's booleans, all of them
+    ("sqlite:///file:u.db?immutable=0&uri=true", "u.db", None),
     ("sqlite://", None, None),
     ("sqlite:///:memory:", None, None),
     ("sqlite:///file::memory:?uri=true", None, None),
@@ -123,19 +125,21 @@ def test_a_query_string_keeps_every_check_on_the_real_file(tmp_path, capsys):
     assert "--record and --storage name the same file" in capsys.readouterr().err
 
 
-def test_a_read_only_storage_warm_starts_a_run_but_holds_none(tmp_path, capsys):
+def test_a_read_only_storage_warm_starts_a_run_and_is_exported_but_holds_none(tmp_path, capsys):
+    """export only reads its run: a read-only storage was refused ("it cannot hold a run") though valid."""
     db = tmp_path / "a.db"
     assert main([*RUN, "--out", str(tmp_path / "o1"), "--storage", f"sqlite:///{db}"]) == 0
     stored = db.read_bytes()
     read_only = f"sqlite:///file:{db}?mode=ro&uri=true"
     capsys.readouterr()
     for argv in ([*RUN, "--out", str(tmp_path / "o2"), "--storage", read_only],
-                 [*EXPORT, "--out", str(tmp_path / "o2"), "--storage", read_only],
                  ["worker", *EXPORT[1:], "--storage", read_only]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "is read-only (mode=ro): it cannot hold a run" in err[0], err
+        assert len(err) == 1 and "it cannot hold a run" in err[0], err
     assert not (tmp_path / "o2").exists()
+    assert main([*EXPORT, "--out", str(tmp_path / "e"), "--storage", read_only]) == 0, capsys.readouterr().err
+    assert list((tmp_path / "e").glob("*/configs/*/E=512,N=128,device_name=NVIDIA_H200.json"))
     assert main([*RUN, "--out", str(tmp_path / "o3"), "--storage", f"sqlite:///{tmp_path / 'b.db'}",
                  "--warm-start", read_only]) == 0
     assert db.read_bytes() == stored

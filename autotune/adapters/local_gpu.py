@@ -2,18 +2,16 @@
 "gpu" (autotune.gpus.device holds the type and the devices a run plans for without one)."""
 from __future__ import annotations
 
-import subprocess
-
+from autotune import programs
 from autotune.gpus.catalog import SMEM_OPTIN
 from autotune.gpus.device import DeviceInfo, NoDeviceError, software_versions
 
 
 def driver_version() -> str:
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
+        r = programs.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20)
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
-    except Exception:
+    except Exception:          # no driver tools here (ProgramMissing), or they hung: the driver is not known
         return ""
 
 

@@ -12,6 +12,7 @@ from autotune import stops
 from autotune.cli import textout
 
 EXIT_STOPPED = {"SIGINT": 130, "SIGTERM": 143}
+EXIT_OUTPUT_LOST = 4      # cli.common.EXIT_INCOMPLETE (not imported here: this module imports nothing slow)
 
 
 # --- the commands that measure: a request from the flags, the library call (autotune.api) -------
@@ -50,6 +51,22 @@ def build_parser():
                                     "record": cmd_record})
 
 
+def _working_folder_problem() -> str | None:
+    """A working folder deleted while the shell was in it: every relative path, and the libraries that
+    look up their own files from it (torch's oneMKL: a FATAL ERROR), fail, each its own way."""
+    import os
+
+    try:
+        os.getcwd()
+        return None
+    except FileNotFoundError:
+        try:
+            where = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
+        except OSError:
+            where = os.environ.get("PWD", "?")
+        return f"the working folder {where} no longer exists (it was deleted): cd into a folder that exists first"
+
+
 def _memory_cap_problem() -> str | None:
     """AUTOTUNE_GPU_MEMORY read once, before any command: every command that touches the GPU obeys it."""
     from autotune.gpus.memory_plan import GpuMemoryError, memory_cap
@@ -66,20 +83,13 @@ def main(argv=None) -> int:
     then on, in the interpreter's shutdown, ends it at once with the same code)."""
     stops.install()
     textout.plain_fallbacks()          # an output encoding that lacks a character is never a failure
-    try:
-        code = _main(argv)
-    except KeyboardInterrupt:
-        stops.finishing()              # a second stop while this is said: the same exit, at once
-        # CPython remembers a KeyboardInterrupt that ended any code run from a string (dataclasses and
-        # namedtuple make their methods so), even one caught here, and `python -m autotune` then dies
-        # by SIGINT instead of exiting 130; each such run forgets it first, so one more resets it.
-        exec("pass", {})
-        import signal
-
-        by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
-        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
-              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
-        code = EXIT_STOPPED[by]
+    with textout.kept_streams() as (out, _):      # nor a full, closed or lost stdout or stderr
+        try:
+            code = _main(argv)
+        except KeyboardInterrupt:
+            stops.finishing()              # a second stop while this is said: the same exit, at once
+            code = _stopped()
+        code = _output_lost(out, code)
     if argv is None:
         stops.finishing(code)
     else:
@@ -87,8 +97,43 @@ def main(argv=None) -> int:
     return code
 
 
+def _stopped() -> int:
+    """Say how the command was stopped; its exit code."""
+    # CPython remembers a KeyboardInterrupt that ended any code run from a string (dataclasses and
+    # namedtuple make their methods so), even one caught here, and `python -m autotune` then dies
+    # by SIGINT instead of exiting 130; each such run forgets it first, so one more resets it.
+    exec("pass", {})
+    import signal
+
+    by = "SIGTERM" if stops.stopped_by() == signal.SIGTERM else "SIGINT"
+    if stops.stopped_while_measuring():
+        print(f"autotune: stopped by {by}; finished measurements are in the storage, the trials being "
+              "measured are marked and re-queued, a re-run resumes", file=sys.stderr)
+    else:                  # said by what was running: no trial was being measured, none was re-queued
+        print(f"autotune: stopped by {by}; nothing was half-written (each file is as it was or wholly "
+              "written, a folder change or a publish is undone whole); the same command starts again",
+              file=sys.stderr)
+    return EXIT_STOPPED[by]
+
+
+def _output_lost(out, code: int) -> int:
+    """The exit code once stdout failed: a command that went through but whose printed report is lost is
+    incomplete (4: its files are written, the report is not); a reader that stopped reading changes nothing."""
+    why = textout.lost_output(out)
+    if why is None:
+        return code
+    print(f"autotune: incomplete: what the command printed could not be written to stdout ({why}); the command "
+          "went through and what it wrote is kept: only what it printed is lost", file=sys.stderr)
+    return EXIT_OUTPUT_LOST if code == 0 else code
+
+
 def _main(argv) -> int:
     from autotune.cli.common import EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_NOTHING_DONE, EXIT_STORAGE_LOST
+
+    why = _working_folder_problem()       # before the libraries that look for their files from it load
+    if why:
+        print(f"autotune: error: {why}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from autotune.errors import Incomplete, NothingDone, UsageError, one_line
     from autotune.fileio.writing import FileFormatError, forcing
     from autotune.cli.inputs import BadInput, cache_folders_problem

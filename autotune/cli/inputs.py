@@ -44,9 +44,20 @@ def _noting(base, once: bool):
                                              if first[0] is self else
                                              f"is given with {first[1]}, which sets the same: give one")
             given.setdefault(self.dest, (self, option_string))
+            if base is argparse._AppendAction and self.type is path:
+                _named_once(self, getattr(namespace, self.dest, None) or [], values)
             super().__call__(parser, namespace, values, option_string)
     Noted.__name__ = base.__name__
     return Noted
+
+
+def _named_once(action, earlier: list, value: str) -> None:
+    """A repeatable flag naming files or folders names each once (`validate --from-runs X --from-runs X`
+    counted every run twice: a gate judged on 6 runs a side where 3 were made)."""
+    where = os.path.realpath(value)
+    same = next((e for e in earlier if os.path.realpath(e) == where), None)
+    if same is not None:
+        raise argparse.ArgumentError(action, f"names {same!r} twice ({value!r} is the same): name each once")
 
 
 class Parser(argparse.ArgumentParser):

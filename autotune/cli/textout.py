@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import io
+import os
 import sys
 import unicodedata
 
@@ -41,3 +43,66 @@ def plain_fallbacks() -> None:
         if isinstance(stream, io.TextIOWrapper):
             with contextlib.suppress(ValueError, OSError, io.UnsupportedOperation):   # closed, or detached
                 stream.reconfigure(errors=ERRORS)
+
+
+# --- streams that cannot fail the command -----------------------------------------------------------
+# stdout or stderr full (ENOSPC), closed by its reader (`| head -1`: EPIPE) or gone (EIO): a print raised
+# OSError from wherever it was, a traceback, and a run stopped halfway through writing its folder. The
+# command's work never depends on its printing: the first failure is remembered, later writes dropped.
+
+class Kept:
+    """A text stream whose writes never raise: the first OSError (or a closed stream's ValueError) is
+    kept in `lost` and what comes after is dropped; the descriptor below is pointed at /dev/null so the
+    interpreter's own last flush cannot fail either."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.lost: OSError | None = None
+
+    def _failed(self, e: Exception) -> None:
+        self.lost = e if isinstance(e, OSError) else OSError(errno.EBADF, str(e))
+        with contextlib.suppress(Exception):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError) as e:
+                self._failed(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError) as e:
+                self._failed(e)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def kept_streams():
+    """sys.stdout and sys.stderr as Kept streams while the block runs (each flushed at its end); yields
+    (stdout, stderr)."""
+    out, err = Kept(sys.stdout), Kept(sys.stderr)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield out, err
+    finally:
+        out.flush()
+        err.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def lost_output(out: Kept) -> str | None:
+    """Why what the command printed on stdout was lost, None where it was not or where its reader chose
+    to stop reading (a closed pipe: `| head -1` took what it wanted)."""
+    if out.lost is None or out.lost.errno == errno.EPIPE:
+        return None
+    return out.lost.strerror or str(out.lost)

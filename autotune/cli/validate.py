@@ -247,6 +247,10 @@ def _validate_sglang_runs(args) -> int:
     if not (configs / PROVENANCE).is_file():
         raise ValidateError(f"{configs} has no provenance.json: not a tuned folder")
     runs_sha256 = [tree_sha256(src) for src in args.from_runs]
+    for i, sha in enumerate(runs_sha256):           # the same runs under two names were counted twice
+        if sha in runs_sha256[:i]:
+            raise ValidateError(f"--from-runs {args.from_runs[i]} holds the very runs of --from-runs "
+                                f"{args.from_runs[runs_sha256.index(sha)]} (the same bytes): name each once")
     out = Path(args.out) if args.out else configs
     _check_out(out, runs_sha256)
     judged = snapshot(configs)
@@ -258,13 +262,14 @@ def _validate_sglang_runs(args) -> int:
             runs += r
             problems += p
             env = env or run_environment(folder)
-    for p in problems:
-        print(f"refused: {p}", file=sys.stderr)
     if problems and any(p.split(":")[0].endswith("_tuned") and "tuned folder" in p for p in problems):
-        raise BenchmarkError("a tuned run did not load the tuned folder's files: "
+        raise BenchmarkError("a tuned run did not load the tuned folder's files: "     # the one line: each named
                              + "; ".join(p for p in problems if "tuned folder" in p))
     if not any(r.arm == "tuned" for r in runs):
-        raise BenchmarkError(f"no tuned run with results in {', '.join(args.from_runs)}")
+        raise BenchmarkError(f"no tuned run with results in {', '.join(args.from_runs)}"
+                             + (f" ({len(problems)} refused: {'; '.join(problems)})" if problems else ""))
+    for p in problems:                              # the gate goes on without them: said, not fatal
+        print(f"refused: {p}", file=sys.stderr)
     comps = comparisons(runs, "shipped", min_effect=args.min_effect) + \
         comparisons(runs, "default", min_effect=args.min_effect)
     rows = table(runs)

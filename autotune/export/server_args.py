@@ -257,7 +257,25 @@ def _merged(folder: Path, device: DeviceInfo, families: dict, checkpoint: str | 
     details = {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES),
                "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
     text = _render_checked(details, folder / SERVER_ARGS)      # every line the user wrote is in it
-    return {folder / DETAILS: (json_bytes(details), DETAILS_OURS), folder / SERVER_ARGS: (text.encode(), None)}
+    files = {folder / DETAILS: (json_bytes(details), DETAILS_OURS), folder / SERVER_ARGS: (text.encode(), None)}
+    if old and _undated(details) == _undated(old):
+        # Nothing changed: the folder keeps its bytes (a new date, or the folder named another way in the
+        # load line, made it differ from what its validation judged, and publish refused it). Only a
+        # server_args.yaml without our section is written.
+        kept = {folder / DETAILS} | ({folder / SERVER_ARGS} if _has_section(folder / SERVER_ARGS) else set())
+        files = {path: v for path, v in files.items() if path not in kept}
+    return files
+
+
+def _undated(details: dict) -> dict:
+    return {k: v for k, v in details.items() if k != "date"}
+
+
+def _has_section(path: Path) -> bool:
+    try:
+        return any(line.startswith(BEGIN) for line in read_text(path).splitlines())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerChoice], object]],

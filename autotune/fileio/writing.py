@@ -129,8 +129,9 @@ ANY: Ours = lambda path: True     # noqa: E731  files in folders only autotune w
 
 
 def claim(path: str | Path, ours: Ours, what: str = "") -> None:
-    """Refuse (NotOurs) where `path` holds something autotune would replace but did not write; a
-    folder in the way is refused whatever --force says."""
+    """Refuse (NotOurs) where `path` holds something autotune would replace but did not write, or a file
+    that cannot be replaced (write-protected, immutable); a folder in the way is refused whatever
+    --force says."""
     path = Path(path)
     if path.is_dir():
         raise NotOurs(f"{what + ' ' if what else ''}{path} is a folder; name a file")
@@ -142,6 +143,10 @@ def claim(path: str | Path, ours: Ours, what: str = "") -> None:
     if path.exists() and not _FORCE.get() and not ours(path):
         raise NotOurs(f"{path} is not a file autotune wrote{' (' + what + ')' if what else ''}: not replaced "
                       "(move it away, name another output, or pass --force)")
+    why = path.exists() and change_problem(path)
+    if why:
+        raise NotOurs(f"{what + ' ' if what else ''}{path} {why}: not replaced (make it writable, or name another "
+                      "output)")
 
 
 def claim_all(targets: Iterable[tuple[str | Path, Ours]]) -> None:
@@ -259,6 +264,63 @@ def read_json(path: str | Path, default=None):
         raise FileFormatError(f"{path}: a file is in the way of its folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FileFormatError(f"{path}: not valid JSON ({e}); fix or remove it") from None
+
+
+# Linux's FS_IOC_GETFLAGS and the attributes that forbid every change, root's included (chattr +i, +a)
+FS_IOC_GETFLAGS = 0x80086601
+ATTRIBUTES = {0x10: "immutable (chattr +i)", 0x20: "append-only (chattr +a)"}
+
+
+def _attributes(path: Path) -> int:
+    """The file's attribute flags (0 where the file system keeps none)."""
+    import fcntl
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8)[:4])[0]
+    except OSError:                 # a file system without attributes (tmpfs, NFS): none set
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _attribute_problem(path: Path) -> str | None:
+    flags = _attributes(path)
+    return next((f"is {what}" for bit, what in ATTRIBUTES.items() if flags & bit), None)
+
+
+def change_problem(path: str | Path) -> str | None:
+    """Why this process cannot replace `path` (a file) or change what it holds (a folder), None where it
+    can: an immutable or append-only attribute, or no write permission (a folder also needs search)."""
+    path = Path(path)
+    why = _attribute_problem(path)
+    if why:
+        return why
+    if not os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+        return "is write-protected (no write permission for this user)"
+    return None
+
+
+def tree_problem(folder: str | Path) -> str | None:
+    """Why a folder cannot be changed as one (staged beside it, each file replaced there as `claim` allows,
+    swapped in, the old copy removed), None where it can: the first entry in the way, and why."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    why = change_problem(folder)
+    if why:
+        return f"{folder} {why}"
+    for here, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(here) / name
+            why = None if path.is_symlink() else change_problem(path)
+            if why:
+                return f"{path} {why}"
+    return None
 
 
 # A file system's most bytes in a path (Linux's PATH_MAX), and the least free space an output is

@@ -7,9 +7,12 @@ disk, a refused file, a crash) would otherwise leave a new gate_up file beside a
 provenance that vouches for neither.
 
 So a command that writes into a tuned folder holds a `FolderChange` on it:
-- one writer at a time: an flock on a file named after the folder in the temp folder, taken before anything
-  is measured (a second run into the same folder is refused in one line, exit 2); the lock dies with its
-  process;
+- one writer at a time: an flock on `<out>/.<device>.autotune-lock`, next to the folder (autotune.fileio.locks:
+  two commands with different TMPDIRs must meet on one lock), taken before anything is measured (a second
+  run into the same folder is refused in one line, exit 2) and removed when the change ends; the lock
+  dies with its process;
+- a folder that cannot be changed as a whole (immutable, write-protected: fileio.writing.tree_problem) is
+  refused when it is locked, before anything is staged;
 - the change is staged whole in a copy beside the folder (`<out>/.<device>.staged-<pid>`, same file
   system), and every path of the folder is read and written there (`tuned_folder` names it);
 - at the end the staged copy is swapped in by one rename (Linux's renameat2 RENAME_EXCHANGE; where the
@@ -24,13 +27,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import fcntl
-import hashlib
 import os
-import tempfile
 import shutil
 from pathlib import Path
 
+from autotune.fileio import locks
+from autotune.fileio.writing import WriteError, tree_problem
 from autotune.store.run_lock import RunLocked
 
 _ACTIVE: dict[Path, "FolderChange"] = {}
@@ -80,30 +82,33 @@ class FolderChange:
         self.folder = _key(folder)
         self.given = Path(folder)              # as the user named it: what messages show
         self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
-        # In the temp folder, as autotune.store.run_lock's: the user's folder gets no litter (one host reaches it)
-        self.lock_path = Path(tempfile.gettempdir()) / (
-            "autotune-folder-" + hashlib.sha1(str(self.folder).encode()).hexdigest()[:16] + ".lock")
+        self.lock_path = self.folder.parent / f".{self.folder.name}.autotune-lock"
         self.staging: Path | None = None
         self.failed: str | None = None
         self._fd: int | None = None
         self._existed = False
-        self._made_parent = False             # begin() made the folder's parent: removed again if left empty
+        self._made: list[Path] = []           # the folders above it this change made: removed again if left empty
         self._before: dict | None = None
         self.outcome: str | None = None      # after the change: why nothing changed, if so
+        self.swapped = False                 # after the change: whether the folder now holds it
 
     # -- one writer ------------------------------------------------------------------------------
     def lock(self) -> "FolderChange":
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        why = tree_problem(self.folder)
+        if why:
+            raise WriteError(f"{self.given} cannot be changed: {why} (make it writable, or write elsewhere)")
+        self._made = [p for p in (self.folder.parent, *self.folder.parent.parents) if not p.exists()]
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunLocked(f"another autotune command ({holder}) is writing into {self.given}; wait for it to "
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = locks.acquire(self.lock_path)
+        except locks.Busy as e:
+            self._remove_made()
+            raise RunLocked(f"another autotune command ({e}) is writing into {self.given}; wait for it to "
                             "finish, or write into another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        self._fd = fd
+        except OSError as e:
+            self._remove_made()
+            raise WriteError(f"{self.given} cannot be changed: {e.strerror or e} (its lock "
+                             f"{self.lock_path.name} cannot be made beside it)") from None
         _ACTIVE[self.folder] = self
         for stale in self.folder.parent.glob(f".{self.folder.name}.staged-*"):   # a killed writer's
             shutil.rmtree(stale, ignore_errors=True)
@@ -113,13 +118,18 @@ class FolderChange:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
-        if self._made_parent and not self.folder.exists():
-            with contextlib.suppress(OSError):    # nothing went in: the run leaves no empty output folder
-                self.folder.parent.rmdir()
         _ACTIVE.pop(self.folder, None)
         if self._fd is not None:
-            os.close(self._fd)           # the flock goes with it
+            locks.release(self._fd, self.lock_path)
             self._fd = None
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        """Nothing went in: the command leaves no empty output folder it made."""
+        for folder in self._made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        self._made = []
 
     # -- staging ---------------------------------------------------------------------------------
     def begin(self) -> Path:
@@ -129,7 +139,6 @@ class FolderChange:
         staging = self.folder.parent / f".{self.folder.name}.staged-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         self._existed = self.folder.is_dir()
-        self._made_parent = not self.folder.parent.exists()
         if self._existed:
             shutil.copytree(self.folder, staging, symlinks=True)
         else:
@@ -164,6 +173,7 @@ class FolderChange:
                     f"this run's change is in {aside} (compare and move it in, or run again)")
         _swap(self.staging, self.folder, self._existed)
         _fsync_dir(self.folder.parent)
+        self.swapped = True
         return None
 
 

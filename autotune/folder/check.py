@@ -86,6 +86,19 @@ def file_drift(prov: dict, targets: list[str], machine=None) -> dict[str, list[s
     return out
 
 
+def unlisted_configs(folder: str | Path, prov: dict) -> list[str]:
+    """The config files SGLang would load from the folder (configs/triton_*/*.json) that its provenance
+    does not list (tuned files, their SKU copies, the shipped overlay): dropped in by another hand, they
+    are served unchecked, whether or not the provenance records the folder's hashes."""
+    from autotune.folder.config_files import listed_files
+
+    folder = Path(folder)
+    listed = {p.relative_to(folder).as_posix() for p, _, _ in listed_files(folder, prov).values()
+              if folder in p.parents}
+    found = (p.relative_to(folder).as_posix() for p in folder.glob("configs/triton_*/*.json") if p.is_file())
+    return sorted(rel for rel in found if rel not in listed)
+
+
 def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, retime=None, batch_sizes=None,
                  loader="sglang") -> tuple[int, list[str]]:
     """(drifted count, report lines). `retime(folder, prov, machine, batch_sizes=)` re-times the files on this
@@ -105,7 +118,10 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
         bad += 1
         lines.append(f"drift: {name}: {why}")
     from autotune.folder.change import unvouched
-    for rel, why in unvouched(Path(folder), prov):      # every file, listed or not
+    said = unvouched(Path(folder), prov)               # every file, listed or not (where provenance has hashes)
+    said += [(rel, "not listed in provenance.json: SGLang would load it unchecked (remove it, or re-export the "
+                   "folder)") for rel in unlisted_configs(folder, prov) if rel not in dict(said)]
+    for rel, why in said:
         if Path(rel).name in broken:
             continue
         if rel.startswith("configs/"):                  # what SGLang's loader serves

@@ -45,3 +45,14 @@ def ours_in(prov: dict | None, device_folder: str | Path):
     folder = Path(device_folder)
     paths = [path for path, _, _ in listed_files(folder, prov or {}).values()]
     return listed([p.relative_to(folder).as_posix() for p in paths if folder in p.parents], folder)
+
+
+def nested_problem(out: str | Path, flag: str = "--out") -> str | None:
+    """Why `out` cannot hold device folders: it is itself a tuned folder (its provenance.json is ours).
+    `run --out out/NVIDIA_H200` wrote out/NVIDIA_H200/NVIDIA_H200/, and SGLang pointed at out/NVIDIA_H200
+    kept loading the old files."""
+    out = Path(out)
+    if (out / PROVENANCE).is_file() and PROVENANCE_OURS(out / PROVENANCE):
+        return (f"{flag} {out} is itself a tuned folder (it holds {PROVENANCE}); {flag} names the folder that "
+                f"holds the device folders: {out.parent}")
+    return None

@@ -10,13 +10,11 @@ holds faster ones at some M, those are kept per M and named. Plain git CLI, no h
 Everything the commit holds is read, merged and checked in memory first (`_files`): a file the
 provenance lists must be in the tuned folder, and every target must resolve inside the serving
 repo's folder; only then is the branch made (serving_repo.new_branch puts the repo back as it was
-should anything fail after that).
+should anything fail after that). The serving repo is held by one publish at a time (serving_repo.held),
+and git runs through autotune.programs (no inherited GIT_* variable; a URL's credentials never printed).
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +24,18 @@ from autotune.export import server_args
 from autotune.folder.provenance import PROVENANCE, tuned_names
 from autotune.fileio.writing import Files, NotOurs, claim_files, inside, json_bytes, read_json, write_all
 from autotune.fileio.reading import read_bytes
-from autotune.publish.serving_repo import PublishError, git, is_url, new_branch, prove_committed, refuse_ignored
+from autotune import programs
+from autotune.programs import scratch
+from autotune.publish.serving_repo import (
+    PublishError,
+    git,
+    git_dir,
+    held,
+    is_url,
+    new_branch,
+    prove_committed,
+    refuse_ignored,
+)
 
 VALIDATION = "validation.json"
 
@@ -233,44 +242,52 @@ def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> O
     if not (src / PROVENANCE).exists():
         raise PublishError(f"{src} holds no {PROVENANCE}: nothing tuned to publish")
     verdict = validation_verdict(src)
-    clone = None
-    if is_url(to):
-        clone = Path(tempfile.mkdtemp(prefix="autotune-publish-"))
-        r = subprocess.run(["git", "clone", "-q", to, str(clone)], capture_output=True, text=True)
-        if r.returncode:
-            raise PublishError(f"cannot clone {to}: {r.stderr.strip()}")
-        repo = clone
-    else:
+    if not is_url(to):
         repo = Path(to)
         if not (repo / ".git").exists():
             raise PublishError(f"{repo} is not a git working tree")
-    try:
-        if git(repo, "status", "--porcelain"):
-            raise PublishError(f"{repo} has uncommitted changes: commit or stash them first")
-        if git(repo, "branch", "--list", branch):
-            raise PublishError(f"branch {branch} already exists in {repo}")
-        path = path or f"tuned_configs/{device_folder(src)}"
-        dest = repo / path
-        blocking = next((p for p in (dest, *dest.parents) if p.exists()), repo)
-        if not blocking.is_dir():
-            raise PublishError(f"--path {path}: {blocking} is a file in the serving repo; name a folder")
-        if repo.resolve() not in dest.resolve().parents:
-            raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
-        writes, merged, kept = _plan(src, dest)
-        files = _files(src, dest, writes)
-        _validated(src)
-        refuse_ignored(repo, files)             # every refusal up to here: the repo is untouched
-        msg = _message(src, merged, verdict, kept)
-        with new_branch(repo, branch, files):
-            write_all(files)
-            git(repo, "add", "-A", str(dest.relative_to(repo)))
-            git(repo, "-c", "user.name=autotune", "-c", "user.email=autotune@localhost", "commit", "-q", "-m", msg)
-            prove_committed(repo, files)        # a refusal here puts the repo back (new_branch)
-        outcome = Outcome(branch, git(repo, "rev-parse", "HEAD"),
-                          sorted(p.relative_to(repo).as_posix() for p in files), kept, msg)
-        if clone is not None:
-            git(repo, "push", "-q", "origin", branch)
+        with held(repo):
+            return _publish_into(repo, src, branch, path, verdict)
+    with scratch("autotune-publish-") as clone:      # removed whatever fails, the clone's own failure too
+        r = programs.run(["git", "clone", "-q", to, str(clone)])
+        if r.returncode:
+            raise PublishError(f"cannot clone {to} ({r.program}): {r.said()}")
+        outcome = _publish_into(clone, src, branch, path, verdict)
+        git(clone, "push", "-q", "origin", branch)
         return outcome
-    finally:
-        if clone is not None:
-            shutil.rmtree(clone, ignore_errors=True)
+
+
+def _destination(repo: Path, src: Path, path: str | None) -> Path:
+    """The serving repo's folder the tuned files go to: a folder of its working tree."""
+    path = path or f"tuned_configs/{device_folder(src)}"
+    dest, store = repo / path, git_dir(repo)
+    if ".git" in Path(path).parts or dest.resolve() == store or store in dest.resolve().parents:
+        raise PublishError(f"--path {path} is inside the serving repo's .git folder (git's own store, never "
+                           "committed): name a folder of its working tree")
+    blocking = next((p for p in (dest, *dest.parents) if p.exists()), repo)
+    if not blocking.is_dir():
+        raise PublishError(f"--path {path}: {blocking} is a file in the serving repo; name a folder")
+    if repo.resolve() not in dest.resolve().parents:
+        raise PublishError(f"--path {path} is not a folder inside the serving repo {repo}")
+    return dest
+
+
+def _publish_into(repo: Path, src: Path, branch: str, path: str | None, verdict: str) -> Outcome:
+    """The publish proper, into a repo held by this process: every refusal before the branch is made."""
+    if git(repo, "status", "--porcelain"):
+        raise PublishError(f"{repo} has uncommitted changes: commit or stash them first")
+    if git(repo, "branch", "--list", branch):
+        raise PublishError(f"branch {branch} already exists in {repo}")
+    dest = _destination(repo, src, path)
+    writes, merged, kept = _plan(src, dest)
+    files = _files(src, dest, writes)
+    _validated(src)
+    refuse_ignored(repo, files)             # every refusal up to here: the repo is untouched
+    msg = _message(src, merged, verdict, kept)
+    with new_branch(repo, branch, files):
+        write_all(files)
+        git(repo, "add", "-A", str(dest.relative_to(repo)))
+        git(repo, "-c", "user.name=autotune", "-c", "user.email=autotune@localhost", "commit", "-q", "-m", msg)
+        prove_committed(repo, files)        # a refusal here puts the repo back (new_branch)
+    return Outcome(branch, git(repo, "rev-parse", "HEAD"), sorted(p.relative_to(repo).as_posix() for p in files),
+                   kept, msg)

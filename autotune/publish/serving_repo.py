@@ -1,39 +1,82 @@
-"""The serving repo `autotune publish` commits into, through the plain git CLI.
+"""The serving repo `autotune publish` commits into, through the plain git CLI (autotune.programs: a clean
+environment, so git acts on this repo whatever GIT_* variables the shell holds).
 
-A publish is one new branch holding one commit, or nothing: every check runs before the branch is
-made, and a failure after it (a write, a commit hook, a Ctrl-C) puts the repo back as it was found:
-the same branch checked out, every file it wrote as it was, no file or folder it made, no branch.
+A publish is one new branch holding one commit, or nothing. It holds the repo alone (`held`: a second
+publish into it is refused in one line), every check runs before the branch is made, and each step that
+changes the repo registers its undo before it runs (`Steps`): a step can fail halfway (`checkout -b`
+makes the branch, then the repo's post-checkout hook exits 1). On any failure after that (a write, a hook,
+a Ctrl-C) the undos run in reverse order, with the repo's hooks off: the same branch checked out, every
+file it wrote as it was, no file or folder it made, no branch.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
-import subprocess
+import os
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
+from autotune import programs
 from autotune.fileio.writing import write_bytes
+
+# The undo steps run with the repo's hooks off: a hook that failed the step must not fail its undo too.
+NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
 
 
 class PublishError(ValueError):
     pass
 
 
-def git(repo: Path, *args: str) -> str:
-    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+def _git(repo: Path, args: tuple, stdin: str | None = None, hooks: bool = True) -> programs.Finished:
+    return programs.run(["git", *(() if hooks else NO_HOOKS), "-C", str(repo), *args], stdin=stdin)
+
+
+def _failed(repo: Path, args: tuple, r: programs.Finished) -> PublishError:
+    # named by its subcommand: the arguments can be a whole commit message
+    command = next((a for a in args if not a.startswith("-") and "=" not in a), "")
+    return PublishError(f"git {command} failed in {repo} ({r.program}): {r.said()}")
+
+
+def git(repo: Path, *args: str, hooks: bool = True) -> str:
+    r = _git(repo, args, hooks=hooks)
     if r.returncode != 0:
-        # named by its subcommand: the arguments can be a whole commit message
-        command = next((a for a in args if not a.startswith("-") and "=" not in a), "")
-        raise PublishError(f"git {command} failed in {repo}: {r.stderr.strip() or r.stdout.strip()}")
+        raise _failed(repo, args, r)
     return r.stdout.strip()
 
 
 def _git_z(repo: Path, *args: str, stdin: str | None = None, ok=(0,)) -> list[str]:
     """A git command's NUL-separated output (paths as git holds them: no quoting)."""
-    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=stdin, text=True)
+    r = _git(repo, args, stdin=stdin)
     if r.returncode not in ok:
-        raise PublishError(f"git {args[0]} failed in {repo}: {r.stderr.strip() or r.stdout.strip()}")
+        raise _failed(repo, args, r)
     return [x for x in r.stdout.split("\0") if x]
+
+
+def git_dir(repo: Path) -> Path:
+    """The repository's own store (`.git`, or where a worktree's or a `.git` file's points)."""
+    return (repo / git(repo, "rev-parse", "--git-common-dir")).resolve()
+
+
+@contextlib.contextmanager
+def held(repo: Path):
+    """The serving repo held by this publish alone while the block runs: an flock on its git folder (no
+    file is made for it; the lock goes with the process). A second publish is refused in one line (it
+    found the first one's files half written and called them not autotune's)."""
+    where = git_dir(repo)
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise PublishError(f"another autotune publish holds {repo} (it is writing its branch now): wait for it "
+                               "to finish, then publish again") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _shown(paths: list[str], most: int = 3) -> str:
@@ -110,24 +153,44 @@ def _folders_made(repo: Path, paths: Iterable[Path]) -> list[Path]:
     return sorted(made, key=lambda p: len(p.parts), reverse=True)
 
 
+class Steps:
+    """What publish did to the serving repo, each step's undo registered before the step runs; `undo()`
+    runs them in reverse order, each best effort (the error that got us there is the one reported)."""
+
+    def __init__(self):
+        self.undos: list[Callable[[], None]] = []
+
+    def step(self, undo: Callable[[], None], do: Callable[[], object] = lambda: None):
+        self.undos.append(undo)
+        return do()
+
+    def undo(self) -> None:
+        for undo in reversed(self.undos):
+            with contextlib.suppress(Exception):
+                undo()
+        self.undos.clear()
+
+
 @contextlib.contextmanager
 def new_branch(repo: Path, branch: str, paths: Iterable[Path]):
-    """Within: `branch` made from HEAD and checked out. Where the block raises, the repo is put back
-    (see the module doc); `paths`: every file the block may write."""
+    """Within: `branch` made from HEAD and checked out. Where the block (or the checkout itself, its hook
+    included) raises, the repo is put back (see the module doc); `paths`: every file the block may write."""
     paths = list(paths)
     head, born = _head(repo)
     before = {p: p.read_bytes() if p.is_file() else None for p in paths}
     folders = _folders_made(repo, paths)
-    git(repo, "checkout", "-q", "-b", branch)
+    steps = Steps()
     try:
+        steps.step(lambda: _back_to(repo, branch, head, born), lambda: git(repo, "checkout", "-q", "-b", branch))
+        steps.step(lambda: _restore(before, folders))        # the block's writes, its add and its commit
         yield
     except BaseException:
-        _put_back(repo, branch, head, born, before, folders)
+        steps.undo()
         raise
 
 
-def _put_back(repo: Path, branch: str, head: str, born: bool, before: dict, folders: list) -> None:
-    """Best effort, step by step: the error that got us here is the one reported."""
+def _restore(before: dict, folders: list) -> None:
+    """Every file as it was (None: there was none), then the folders writing them made."""
     for path, data in before.items():
         with contextlib.suppress(OSError, ValueError):
             if data is None:
@@ -137,8 +200,12 @@ def _put_back(repo: Path, branch: str, head: str, born: bool, before: dict, fold
     for folder in folders:
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def _back_to(repo: Path, branch: str, head: str, born: bool) -> None:
+    """HEAD, the index and the tracked files as they were, and `branch` gone (made or not)."""
     steps = ([["checkout", "-q", "-f", head]] if born else
              [["symbolic-ref", "HEAD", f"refs/heads/{head}"], ["read-tree", "--empty"]])
     for args in [*steps, ["branch", "-q", "-D", branch]]:
-        with contextlib.suppress(PublishError):
-            git(repo, *args)
+        with contextlib.suppress(PublishError, programs.ProgramMissing):
+            git(repo, *args, hooks=False)

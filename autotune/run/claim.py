@@ -22,7 +22,7 @@ class ClaimStorage(Step):
         req, existing, shared = ctx.request, self.reads is not None, self.heartbeat_s is not None
         try:
             storage = open_storage(req.storage, shared=shared, heartbeat_s=self.heartbeat_s if shared else 10,
-                                   existing=existing)
+                                   existing=existing, reads_only=existing)
             if existing:
                 self.reads(storage)
             claim(storage, ctx.run_name, ctx.device, existing=existing)

@@ -66,9 +66,19 @@ def open_device(ctx, kernels=None, target=None, drifted=None, skip=None) -> None
     ctx.run_name = run_name(req, device)
 
 
+REPLAY_RUN = "~replay"      # ends every replay's run name: a replay never shares a GPU's studies
+
+
 def run_name(req, device) -> str:
-    """Studies are named after the run (default: the GPU's name); replays never share a GPU's."""
-    return (req.study or device.file_name) + ("~replay" if device.is_replay else "")
+    """Studies are named after the run (default: the GPU's name); replays never share a GPU's. A replay's
+    --study may be given with its REPLAY_RUN end (as a refusal names the run), a GPU's may not."""
+    base = req.study or device.file_name
+    if device.is_replay:
+        return base if base.endswith(REPLAY_RUN) else base + REPLAY_RUN
+    if base.endswith(REPLAY_RUN):
+        raise UsageError(f"--study {base} names a replay's run ({REPLAY_RUN}): a run on a GPU never shares a "
+                         f"replay's studies; name it without {REPLAY_RUN}")
+    return base
 
 
 def memory_plan(req, device, gpus: list[int], plans):

@@ -16,11 +16,20 @@ class TunedFolder(Step):
     def check(self, ctx) -> None:
         if ctx.plan_only:
             return
-        from autotune.fileio.writing import check_writable
+        from autotune.fileio.writing import check_writable, tree_problem
+        from autotune.folder.provenance import nested_problem
+
+        why = nested_problem(ctx.request.out)
+        if why:
+            raise UsageError(why)
         try:
             check_writable(ctx.request.out)
         except OSError as e:
             raise UsageError(str(e))
+        why = tree_problem(ctx.tuned_folder())      # staged beside it, swapped in by a rename: all of it changes
+        if why:
+            raise UsageError(f"output folder {ctx.tuned_folder()} cannot be changed: {why}; nothing measured "
+                             "(make it writable, or name another --out)")
         check_distinct_files(ctx)
 
     def run(self, ctx) -> None:

@@ -2,9 +2,12 @@
 read into the context (its settings and sinks), the device and plans opened, every step's check, then
 every step's run, then the sinks finished. The steps import nothing from here.
 
-    run:    Workers, SayScope, ClaimStorage, RunLock, TunedFolder, SayPlan, ConfigSearch, BackendChoice
+    run:    Workers, SayScope, TunedFolder, ClaimStorage, RunLock, SayPlan, ConfigSearch, BackendChoice
     worker: Workers, ClaimStorage (shared), SharedSearch
-    export: Workers, ClaimStorage (reading an existing run), TunedFolder, ExportStudy
+    export: Workers, TunedFolder, ClaimStorage (reading an existing run), ExportStudy
+
+The tuned folder is held before the storage is claimed: a command refused because another one writes
+into the same folder leaves the storage as it found it (a fresh one is not even made).
     record: Workers, RecordGrid (checked before the device is opened: none of its checks needs it)
 """
 from __future__ import annotations
@@ -83,7 +86,7 @@ def run_steps() -> list:
     from autotune.run.plan import SayPlan
     from autotune.run.scope import SayScope
 
-    return [Workers(), SayScope(), ClaimStorage(), RunLock(), TunedFolder(), SayPlan()]
+    return [Workers(), SayScope(), TunedFolder(), ClaimStorage(), RunLock(), SayPlan()]
 
 
 def family_steps(ctx, req: RunRequest) -> list:
@@ -171,7 +174,7 @@ def export(req: ExportRequest) -> None:
     ctx = RunContext(request=req, settings=search_settings(req, None), sinks=Sinks.of(req))
     opening.open_device(ctx)
     reads = lambda storage: studies_there(storage, ctx.plans[0], ctx.run_name, req.partial)  # noqa: E731
-    steps = [Workers(), ClaimStorage(reads=reads), TunedFolder(), ExportStudy(req.partial)]
+    steps = [Workers(), TunedFolder(), ClaimStorage(reads=reads), ExportStudy(req.partial)]
     with ctx.held:
         check(ctx, steps)
         for step in steps:

@@ -11,6 +11,8 @@ from pathlib import Path
 from autotune.errors import Incomplete, UsageError
 
 SUMMARY_OURS = ("command", "device")
+# What a recording's header vouches for beside the GPU model: its rows were measured with these versions.
+RECORD_STACK = ("triton", "sglang")
 
 
 class Summary:
@@ -64,7 +66,10 @@ class Record:
         self.path = path
 
     def check(self, ctx) -> None:
-        """The file is a measurement cache of this device, or absent; anything else is refused."""
+        """The file is absent, or a measurement cache of this device and stack (the GPU model, Triton and
+        SGLang the run measures with: one header vouches for every row) that can be replaced; anything
+        else is refused before anything is measured."""
+        from autotune.fileio.writing import change_problem
         from autotune.measure.records import CacheError, read_cache
 
         if not self.path or not Path(self.path).exists():
@@ -76,6 +81,15 @@ class Record:
         if (rec.get("name"), rec.get("sm")) != (ctx.device.name, ctx.device.sm):
             raise UsageError(f"--record {self.path} holds measurements of {rec.get('name')} (SM{rec.get('sm')}), "
                              f"not {ctx.device.name}: name a new file")
+        for k in RECORD_STACK:
+            was, now = (rec.get("versions") or {}).get(k), ctx.device.versions.get(k)
+            if was != now:
+                raise UsageError(f"--record {self.path} holds measurements made with {k} {was}, this run measures "
+                                 f"with {k} {now}: one header vouches for every row of a recording; name a new file")
+        why = change_problem(self.path)
+        if why:
+            raise UsageError(f"--record {self.path} {why}: the run would add its measurements to it; make it "
+                             "writable or name a new file")
 
     def add(self, device, problem, measurements, careful=()) -> None:
         if not self.path:

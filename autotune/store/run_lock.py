@@ -5,17 +5,17 @@ so a second run on the same studies would double the trials and trip over the fi
 (UpdateFinishedTrialError). The second run is refused before it measures anything; sharing a
 study is what `autotune worker` is for.
 
-The lock dies with its process (a killed run never leaves a stale one): an flock on a file in
-the temp folder for SQLite (one host reaches the file), a session advisory lock for PostgreSQL.
+The lock dies with its process (a killed run never leaves a stale one): for SQLite an flock on a
+file beside the database (`.<db>.run-<key>.lock`, autotune.fileio.locks: the processes that reach the
+database reach it, whatever their TMPDIR; removed when the run ends), a session advisory lock for
+PostgreSQL. A database held in memory is its process's own: nothing to lock.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import os
-import tempfile
-from pathlib import Path
+
+from autotune.fileio import locks
 
 
 class RunLocked(RuntimeError):
@@ -34,24 +34,26 @@ def _key(url: str, run: str) -> str:
 @contextlib.contextmanager
 def run_lock(storage, url: str, run: str):
     """Hold the run's lock while the block runs; RunLocked if another process holds it."""
+    from autotune.store.storage import target
+
     key = _key(url, run)
     if url.startswith("postgresql"):
         with _pg_lock(storage, key, url, run):
             yield
         return
-    path = Path(tempfile.gettempdir()) / f"autotune-run-{key[:16]}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    file = target(url).file
+    if file is None:
+        yield
+        return
+    path = file.parent / f".{file.name}.run-{key[:16]}.lock"
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = Path(path).read_text().strip() or "another process"
-            raise RunLocked(_message(url, run, holder)) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
+        fd = locks.acquire(path)
+    except locks.Busy as e:
+        raise RunLocked(_message(url, run, str(e))) from None
+    try:
         yield
     finally:
-        os.close(fd)
+        locks.release(fd, path)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import math
 import random
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -86,11 +87,9 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
     records heartbeats for its running trials, and a trial whose process died (no heartbeat for
     3 intervals) is failed and re-queued once with the same parameters (never lost, never
     measured twice as a completed trial). `existing`: it must hold studies already (export reads
-    one); nothing is created in it. `reads_only`: the caller never writes (a warm start), so a read-only
-    storage (`mode=ro`, `immutable=1`) is one to open. A database that is not an Optuna storage is
+    one); nothing is created in it. `reads_only`: the caller never writes (a warm start, export), so a
+    read-only storage (`mode=ro`, `immutable=1`) is one to open. A database that is not an Optuna storage is
     refused untouched."""
-    import warnings
-
     url = url or DEFAULT_STORAGE
     where = target(url)
     if where.read_only and not reads_only:
@@ -128,7 +127,7 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
                 time.sleep(0.2 + random.random() * 0.3 * (attempt + 1))
                 continue
             first = scrub(str(e).splitlines()[0], url) if str(e) else ""
-            if any(k in first.lower() for k in ("readonly database", "read-only", "permission denied")):
+            if any(k in first.lower() for k in (*READ_ONLY_SAYS, *FULL_SAYS)):
                 raise _unwritable(url, first) from None
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
 
@@ -151,7 +150,15 @@ def quick_commits(storage):
     return storage
 
 
+# How SQLite and PostgreSQL say a storage cannot be written: it is read-only, or its disk is full
+READ_ONLY_SAYS = ("readonly database", "read-only", "permission denied")
+FULL_SAYS = ("disk is full", "no space left", "disk full", "could not extend file")
+
+
 def _unwritable(url: str, why: str) -> StorageError:
+    if any(k in why.lower() for k in FULL_SAYS):
+        return StorageError(f"storage {safe_url(url)} cannot be written ({why}): the disk that holds it is full; "
+                            "free some space, or point --storage at another disk")
     return StorageError(f"storage {safe_url(url)} cannot be written ({why}): a read-only file or database user; "
                         "point --storage at a writable one")
 
@@ -178,8 +185,6 @@ def retry_dead_workers_trial(study, trial) -> None:
 
 def fail_dead_trials(study) -> None:
     """Fail the trials of processes that stopped heartbeating (each is re-queued once)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
@@ -211,12 +216,15 @@ def claim(storage, run: str, device, existing: bool = False) -> None:
             raise StorageError(f"storage {safe_url(str(getattr(storage, 'url', '')))} holds no run '{run}' "
                                f"(it holds {', '.join(runs[:6]) if runs else 'none'}): check --study and --storage")
     try:
-        meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
+        if existing:                # read, never created: a read-only storage is one export reads
+            meta = optuna.load_study(study_name=f"autotune-run|{run}", storage=storage)
+        else:
+            meta = optuna.create_study(study_name=f"autotune-run|{run}", storage=storage, load_if_exists=True)
         owner = meta.user_attrs.get("device")
         if owner is not None and owner != device.name:
             raise StorageError(f"run '{run}' in this storage belongs to {owner}; this is {device.name}: "
                                f"it cannot join (give it its own --study name)")
-        if owner is None:
+        if owner is None and not existing:
             meta.set_user_attr("device", device.name)
             meta.set_user_attr("sm", device.sm)
         if not existing:       # export only reads the run: its storage stays byte-identical
@@ -252,6 +260,10 @@ class Store:
         self.storage, self.dists = storage, dists        # dists: (part, M) -> the trials' distributions
         # Shared storages (heartbeats on) have other processes' trials RUNNING legitimately.
         self.shared = bool(getattr(storage, "heartbeat_interval", None))
+        # A read-only storage (`mode=ro`, `immutable=1`: export reads one): what is measured again (the
+        # baselines, the careful re-measurements of the finalists) is kept in memory, never stored.
+        url = getattr(storage, "url", None)
+        self.read_only = bool(url and target(str(url)).read_only)
         self.studies: dict = {}
         self.measured: dict = {key: {} for key in dists}   # (part, M) -> config_key -> Measurement
         self.careful: dict = {}      # (part, M, config_key) -> careful re-measurement (selection)
@@ -260,9 +272,13 @@ class Store:
         self._adopted: set = set()   # other processes' trial ids given a heartbeat (see adopt)
 
     def open(self, key, name: str):
-        """The study of (part, M), created on first use."""
-        self.studies[key] = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
-                                                load_if_exists=True)
+        """The study of (part, M), created on first use (read where it exists: asking to create it first
+        is a write, which a read-only storage export reads from refuses)."""
+        try:
+            self.studies[key] = optuna.load_study(study_name=name, storage=self.storage)
+        except KeyError:
+            self.studies[key] = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
+                                                    load_if_exists=True)
         return self.studies[key]
 
     # -- reading ---------------------------------------------------------------------------------
@@ -297,7 +313,8 @@ class Store:
                 continue
             m = Measurement.from_dict(t.user_attrs[ATTR])
             if is_resource_failure(m):
-                self._heal(study, t)
+                if not self.read_only:          # healed by the next command that may write
+                    self._heal(study, t)
                 continue
             self.measured[key].setdefault(config_key(m.config), m)
             if t.user_attrs.get("asked") and m.status != INVALID:
@@ -353,11 +370,13 @@ class Store:
 
     def commit_baseline(self, key, m, name: str) -> None:
         self.measured[key][config_key(m.config)] = m
-        self.studies[key].set_user_attr(f"baseline:{name}", m.to_dict())
+        if not self.read_only:
+            self.studies[key].set_user_attr(f"baseline:{name}", m.to_dict())
 
     def commit_careful(self, key, m) -> None:
         self.careful[(*key, config_key(m.config))] = m
-        self.studies[key].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+        if not self.read_only:
+            self.studies[key].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
 
     # -- liveness: heartbeats, dead trials, stops ------------------------------------------------
     def adopt(self, t) -> None:
@@ -395,7 +414,12 @@ class Store:
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            yield
+            with warnings.catch_warnings():
+                # Optuna warns at every ask that heartbeats are meant for Study.optimize; a worker asks and
+                # tells itself and beats for its trials here, so the warning is no news (12 lines a worker).
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used",
+                                        category=UserWarning)
+                yield
         finally:
             stop.set()
             thread.join()

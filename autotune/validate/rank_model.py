@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.fileio.writing import claim, json_with, listed, read_json, write_atomic, write_json
+from autotune.fileio.writing import check_writable, claim, json_with, listed, read_json, write_atomic, write_json
 from autotune.problems import models
 from autotune.problems.models import ModelError, MoeModel
 
@@ -253,11 +254,21 @@ def write_rank_model(folder: str | Path, hf: dict, tp: int, layers: int | None =
     ours = listed(before.get("files") or [] if isinstance(before.get("files"), list) else [], folder)
     for name in names:                         # all refused before any is written
         claim(folder / name, ours)
-    write_json(folder / "config.json", cfg, indent=1)
-    _tokenizer(folder)
-    if vl:
-        _vl_processor(folder)
-    write_json(folder / MANIFEST, {"written_by": "autotune rank-model", "files": list(names)}, ours=manifest_ours)
+    try:
+        check_writable(folder)
+    except OSError as e:
+        raise ModelError(f"--out {folder}: {e}") from None
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        write_json(folder / "config.json", cfg, indent=1)
+        _tokenizer(folder)
+        if vl:
+            _vl_processor(folder)
+        write_json(folder / MANIFEST, {"written_by": "autotune rank-model", "files": list(names)}, ours=manifest_ours)
+    except BaseException:
+        if made:                               # a write failed (a disk filled meanwhile): no half a folder left
+            shutil.rmtree(made[-1], ignore_errors=True)
+        raise
     return folder
 
 

@@ -12,6 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune import programs
 from autotune.validate import BenchmarkError, ServerError
 from autotune.validate.sglang_commands import LOOPBACK, check_port_free
 
@@ -82,16 +83,6 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join("    " + r for r in rows) if rows else "    (empty log)"
 
 
-def _full_env(overrides: dict | None) -> dict:
-    env = dict(os.environ)
-    for k, v in (overrides or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    return env
-
-
 @dataclass(frozen=True)
 class Lifecycle:
     """How a server is brought up and down: GET `health_path` every `poll_s` seconds until it answers
@@ -127,8 +118,8 @@ class ServerProcess:
         try:
             log.write(("$ " + shlex.join(self.argv) + "\n").encode())
             log.flush()
-            self.proc = subprocess.Popen(self.argv, env=_full_env(self.env), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = programs.start(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
         _LIVE.add(self)
@@ -188,8 +179,8 @@ def run_logged(cmd: list[str], *, log_path: str | Path, timeout_s: float, what: 
     with open(log_path, "ab") as log:
         log.write(("$ " + shlex.join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, env=_full_env(env), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = programs.start(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
