@@ -28,6 +28,11 @@ class ClaimStorage(Step):
             claim(storage, ctx.run_name, ctx.device, existing=existing)
         except StorageError as e:
             raise UsageError(str(e))
+        engine = getattr(storage, "engine", None)
+        if engine is not None:
+            # closed with the command, however it ends: a SQLite file's write-ahead log is folded back into it
+            # and removed when its last connection closes (autotune.store.storage.quick_commits)
+            ctx.held.callback(engine.dispose)
         if req.storage and target(req.storage).in_memory:
             print(f"note: --storage {req.storage} is held in memory: nothing measured is kept, a stopped run "
                   "cannot resume")
