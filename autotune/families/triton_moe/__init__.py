@@ -21,11 +21,7 @@ from autotune.families.triton_moe.tma import tma_capable
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
 GEMMS = ("gate_up", "down")
-# The selection's careful re-measurements per batch size (the top pairs' and SGLang's two pairs' configs of
-# both GEMMs: autotune.families.triton_moe.pairs) and what one costs against a search measurement (21 timed
-# replays, not 7, after the same warm-up): what the budget keeps for them.
-CAREFUL_PER_M = 10
-CAREFUL_COST = 2.0
+
 # Relative Frobenius error allowed against the float32 reference: bf16 tiles land at
 # 2e-3..4e-3 on the H200; fp8 adds the activation quantization the reference mirrors.
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-2}
@@ -179,11 +175,9 @@ class TritonMoe(SglangMoeFiles):
         """Seconds this family needs for a problem after its search, at `per_s` seconds a measurement: the
         finalists' careful re-measurements (autotune.families.triton_moe.pairs) and, on a GPU, the layer check
         that picks among them as SGLang runs the layer (autotune.families.triton_moe.confirm)."""
-        from autotune.families.triton_moe.confirm import layer_check_s
+        from autotune.families.triton_moe.costs import after_search_s
 
-        Ms = len(problem.batch_sizes)
-        careful = Ms * CAREFUL_PER_M * per_s * CAREFUL_COST / workers
-        return careful + (layer_check_s(Ms) if device.kind == "gpu" else 0.0)
+        return after_search_s(len(problem.batch_sizes), per_s, workers, device.kind == "gpu")
 
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
         """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""

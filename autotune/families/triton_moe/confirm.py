@@ -13,24 +13,8 @@ from __future__ import annotations
 
 from autotune.families.triton_moe.layer_timing import (BASELINES, DEFAULT, SHIPPED, LayerError, empty_folder,
                                                       write_side)
+from autotune.families.triton_moe.costs import REPEATS, TOP_PAIRS
 from autotune.measure.timing import noise
-
-# Tuned pairs timed as a layer per M, besides SGLang's two: on the H100 a third one was written at no batch size
-# of two runs where the first two were timed (it never beat the pick beyond the noise).
-TOP_PAIRS = 2
-REPEATS = 3          # turns of every side per M
-# What the budget keeps for the layer check, measured on the H100 (Qwen3.5-397B TP8 bf16, 18 batch sizes): its
-# set-up (SGLang's fused-MoE module imported, one layer's experts made) and, per batch size and side, a check or a
-# timing: 40 s and 52 s for 360 of them in two runs, 0.11-0.14 s each. Not the search's seconds a measurement:
-# the layer runs in this process, through SGLang's Python, with its own first launches, whatever the search's
-# warm-up (a reserve scaled on the search's pace fell 27 s short once the search measured faster).
-LAYER_SETUP_S = 8.0
-LAYER_STEP_S = 0.14
-
-
-def layer_check_s(n_Ms: int) -> float:
-    return LAYER_SETUP_S + n_Ms * (TOP_PAIRS + 2) * (REPEATS + 1) * LAYER_STEP_S
-
 
 def candidates(choice) -> dict:
     """side name -> the re-measured candidate row it runs ({source, gate_up, down, gate_up_us, down_us,
