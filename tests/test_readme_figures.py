@@ -186,9 +186,32 @@ def validate_figures() -> list[str]:
                   f"(+{server[64]:.0%}/+{server[128]:.0%} against +{bench[64]:.0%}/+{bench[128]:.0%})"]
 
 
+PACE = RESULTS / "h100_issue42_2026-12-06"
+
+
+def pace_figures() -> list[str]:
+    """The H100 run at the issue's default flags (pace=d3): the GPU's wait for builds, its budget and wall time."""
+    d = json.loads((PACE / "pace_d3.json").read_text())["pace"]
+    wall = re.search(r"wall ([\d.]+) s \(budget", (PACE / "pace_d3.log").read_text()).group(1)
+    return [f"waited {d['waited_for_builds_s']} s for compiles", f"--budget {d['budget_s']:.0f}s", f"{wall} s"]
+
+
+def pace_doc_figures() -> list[str]:
+    """docs/PERFORMANCE.md's issue-42 figures, from the runs' summaries, the agreement and the decode verdict."""
+    d3 = json.loads((PACE / "pace_d3.json").read_text())
+    out = [f"| **{d3['pace']['measurements']}** |", f"**{d3['pace']['gpu_busy_share']:.0%}**"]
+    agree = json.loads((PACE / "layer_agreement_2.json").read_text())["rows"]
+    out.append(f"largest difference {100 * max(abs(r['tool_vs_sglang']) for r in agree):.1f}% over the {len(agree)} points")
+    for v in json.loads((PACE / "decode_disputed" / "verdict.json").read_text()):
+        out.append(f"{v['tuned_median']:.1f} vs shipped {v['baseline_median']:.1f} tok/s" if v["x"] == 1 else
+                   f"{v['tuned_median']:.1f} vs {v['baseline_median']:.1f} tok/s")
+        out.append(f"threshold {100 * v['threshold']:.1f}%: {v['verdict']}")
+    return out
+
+
 def readme_figures() -> list[str]:
     return (gate_figures("0.5.23") + gate_figures("0.5.16") + tactic_figures() + timing_figures() + install_figures()
-            + sieve_figures())
+            + sieve_figures() + pace_figures())
 
 
 @pytest.mark.parametrize("figure", readme_figures())
@@ -203,7 +226,7 @@ def test_every_figure_in_readme_is_one_tied_to_data():
     assert FIGURE.findall(text) == []
 
 
-DOC_FIGURES = {"docs/PERFORMANCE.md": lambda: warm_start_figures() + sieve_total_figures(),
+DOC_FIGURES = {"docs/PERFORMANCE.md": lambda: warm_start_figures() + sieve_total_figures() + pace_doc_figures(),
                "docs/VALIDATE.md": validate_figures}
 
 

@@ -213,12 +213,13 @@ def select_and_export(ctx, tuner, t0, phases=None) -> bool:
           f"included), device time {clock.device_s():.0f} s")
     table = problem_table(choices, trials, layer)
     ctx.sinks.report.table(table)
+    timed = {"time_s": {**phases.seconds, "asks": round(tuner.ask_s, 1), "stores": round(tuner.tell_s, 1)}} \
+        if device.kind == "gpu" else {}            # a replay's seconds are the CPU's: they say nothing of a GPU run
     summary.add(tuner.family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
                                     "kept": written["kept"], "evaluations": tuner.evaluations(),
-                                    "measured_this_run": tuner.measured_now,
-                                    "time_s": {**phases.seconds, "asks": round(tuner.ask_s, 1),
-                                               "stores": round(tuner.tell_s, 1)}})
-    print(phases.line(tuner))
+                                    "measured_this_run": tuner.measured_now, **timed})
+    if timed:
+        print(phases.line(tuner))
     for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(written["files"]))
