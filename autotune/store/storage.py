@@ -132,13 +132,24 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
 
 
+# SQLite's journal for a run's storage file: "wal" (the default, quick_commits) or "delete", SQLite's own default,
+# for a file on a network file system, where SQLite's write-ahead log does not work.
+JOURNAL_ENV = "AUTOTUNE_SQLITE_JOURNAL"
+
+
 def quick_commits(storage):
     """A SQLite file in write-ahead-log mode with synchronous=NORMAL: a commit appends to the log and syncs at
     checkpoints, not at every transaction. Optuna commits every parameter, trial and attribute apart (about ten
     per measurement); with a sync each they took ~4 ms, and the run's own process, storing and asking, fell
     behind the GPU it feeds. A process killed mid-run loses nothing committed (WAL is atomic and durable across
-    a crash of the program; only a power cut can lose the last commits, never corrupt the file)."""
+    a crash of the program; only a power cut can lose the last commits, never corrupt the file).
+    AUTOTUNE_SQLITE_JOURNAL=delete keeps SQLite's own journal (a file on NFS, say: its log needs shared memory)."""
+    import os
+
     import sqlalchemy
+
+    if os.environ.get(JOURNAL_ENV, "wal").strip().lower() != "wal":
+        return storage
 
     @sqlalchemy.event.listens_for(storage.engine, "connect")
     def _pragmas(dbapi_connection, record):
