@@ -91,3 +91,66 @@ def test_the_layer_runs_the_given_pairs_in_the_interpreter():
     [row] = time_sides(sides, [2], repeats=1)
     assert row["default source"] == "shipped" and row["heuristic source"] == "default"
     assert all(row[f"{s} error"] < 1e-3 for s in ("tuned", "default", "heuristic"))
+
+
+# --- the layer check's own rules: each dtype's tolerance, a side's time the median of its repeats --------
+
+def _given_sides(problem, device, on_cpu):
+    """MoeSides whose pairs are given (no loader asked) for M=2."""
+    from autotune.families.triton_moe.moe_layer import SIDES, MoeSides, SideConfig
+
+    g, d = pair(16, 64)
+    return MoeSides(problem, device, ".", on_cpu=on_cpu, inner_repeats=1,
+                    configs={(2, s): SideConfig(g, d, True, s) for s in SIDES})
+
+
+@pytest.mark.parametrize("dtype, tol", [("bf16", 0.02), ("fp8_w8a8_block", 0.08)])
+def test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance(dtype, tol):
+    """On a GPU each side's layer is checked against the float32 reference at the tolerance of the family
+    that runs that dtype's layer (bf16 0.02, block FP8 0.08: tests/test_correctness_check.py pins them):
+    a layer off by 0.9x the tolerance passes, one off by 1.1x fails, so bf16 is never judged at FP8's."""
+    import torch
+
+    from autotune.adapters.moe_checkpoint import reference
+    from autotune.families.triton_moe.moe_layer import LayerError
+    from tests.checked_family import perturbed
+
+    p = Problem(8, 128, 256, 2, dtype)
+    sides = _given_sides(p, H200, on_cpu=False)
+    g = torch.Generator().manual_seed(5)
+    w13, w2 = torch.randn(p.E, 2 * p.N, p.K, generator=g), torch.randn(p.E, p.K, p.N, generator=g)
+    x = torch.randn(2, p.K, generator=g)
+    ids, w = torch.tensor([[0, 3], [5, 3]]), torch.tensor([[0.6, 0.4], [0.3, 0.7]])
+    up, down = (None, None, lambda e: w13[e]), (None, None, lambda e: w2[e])
+    ref = reference(x, ids, w, up[2], down[2], p.N)
+    sides.moe = lambda *a: perturbed(ref, 0.9 * tol)
+    errors = sides.check_sides(up, down, x, ids, w)
+    assert errors == {s: pytest.approx(0.9 * tol, rel=1e-3) for s in ("heuristic", "default", "tuned")}
+    sides.moe = lambda *a: perturbed(ref, 1.1 * tol)
+    with pytest.raises(LayerError, match=rf"relative error {1.1 * tol:.3g} > tolerance {tol:.3g}"):
+        sides.check_sides(up, down, x, ids, w)
+
+
+def test_a_sides_layer_time_is_the_median_of_its_repeats_and_its_spread_their_range():
+    """Each side timed `repeats` times in turns: its time is the median of its repeats (one lucky fast
+    repeat moves it no more than one slow one), its spread (max - min) / median."""
+    from types import SimpleNamespace
+
+    from autotune.gpus.device import cpu_interpreter
+    from autotune.families.triton_moe.moe_layer import SIDES, time_sides
+
+    sides = _given_sides(Problem(8, 32, 64, 2, "bf16"), cpu_interpreter(), on_cpu=True)
+    sides.check_sides = lambda *a: {s: 0.0 for s in SIDES}
+    repeats = {"tuned": [10.0, 2.0, 30.0, 20.0, 40.0], "default": [5.0, 6.0, 7.0, 8.0, 100.0],
+               "heuristic": [9.0, 1.0, 9.0, 9.0, 9.0]}
+    left, ran = {s: iter(ts) for s, ts in repeats.items()}, []
+    sides.moe = lambda *a: ran.append(a[-1])
+
+    def timer(fn):
+        fn()
+        return SimpleNamespace(median_us=next(left[ran[-1]]))
+    sides.timer = timer
+    [row] = time_sides(sides, [2], repeats=5)
+    assert sorted(ran) == sorted(s for s in SIDES for _ in range(5))
+    assert (row["tuned µs"], row["default µs"], row["heuristic µs"]) == (20.0, 7.0, 9.0)
+    assert row["tuned spread"] == pytest.approx(38.0 / 20.0) and row["heuristic spread"] == pytest.approx(8.0 / 9.0)

@@ -49,6 +49,47 @@ PLANTED = {
     "a tie to the tuned config": ("autotune/search/finalists.py", "s.finalist.source == TUNED", "s.finalist.source != TUNED",
                                   ["tests/test_selection.py::test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_"
                                    "the_baseline"]),
+    # The eleven an independent audit planted that no test caught (issue 44): each now has its catcher.
+    "out of memory before the launch stored as a compile error": (
+        "autotune/measure/measurer.py", "            return failed(status, failure_reason(stage, e)), fatal\n",
+        "            return failed(records.COMPILE_ERROR, failure_reason(stage, e)), fatal\n",
+        ["tests/test_resource_failures.py::test_out_of_memory_before_the_launch_is_the_machines_failure_never_the_configs"]),
+    "the memory cap used where less is free": (
+        "autotune/gpus/memory_plan.py", "return min(self.free, self.cap) if self.cap else self.free",
+        "return self.cap if self.cap else self.free",
+        ["tests/test_gpu_memory.py::test_a_cap_above_the_free_memory_plans_for_what_is_free"]),
+    "limits() not less the CUDA context": (
+        "autotune/gpus/memory_plan.py", "self.share(i, phase, self.workers[phase.name][i]) - CONTEXT_BYTES",
+        "self.share(i, phase, self.workers[phase.name][i])",
+        ["tests/test_gpu_memory.py::test_every_workers_limit_and_its_cuda_context_together_fit_its_gpu"]),
+    "a later phase brings back workers a shortage removed": (
+        "autotune/measure/pool.py", "want = max(1, plan.workers[name][i] - self._cut.get(g.index, 0))",
+        "want = max(1, plan.workers[name][i])",
+        ["tests/test_resource_failures.py::test_out_of_memory_is_measured_again_and_never_returned"]),
+    "the layer check judges bf16 at FP8's tolerance": (
+        "autotune/families/triton_moe/moe_layer.py", 'ref_fam = MoeBf16 if self.problem.dtype == "bf16" else MoeFp8',
+        "ref_fam = MoeFp8",
+        ["tests/test_confirm.py::test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance"]),
+    "the layer check's minimum over repeats": (
+        "autotune/families/triton_moe/moe_layer.py", "med = statistics.median(ts)", "med = min(ts)",
+        ["tests/test_confirm.py::test_a_sides_layer_time_is_the_median_of_its_repeats_and_its_spread_their_range"]),
+    "a NaN error passes the check": (
+        "autotune/measure/timing.py", "if not err <= tol:", "if err > tol:",
+        ["tests/test_correctness_check.py::test_a_reference_with_nan_or_inf_fails_every_output"]),
+    "publish keeps another GPU's entry as faster": (
+        "autotune/publish/__init__.py", 'return a.get("device") == b.get("device") and all(', "return all(",
+        ["tests/test_publish.py::test_the_serving_repos_entry_of_another_gpu_or_stack_is_never_kept_as_faster"]),
+    "publish's proof misses a file beyond the plan": (
+        "autotune/publish/serving_repo.py", "extra = [p for p in changed if p not in planned]", "extra = []",
+        ["tests/test_publish.py::test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back[hook-adds-a-file]"]),
+    "immutable=true not read-only": (
+        "autotune/store/storage_url.py", 'immutable = "immutable" in params and sqlite_immutable(params["immutable"])',
+        'immutable = params.get("immutable") == "1"',
+        ["tests/test_storage_url.py::test_immutable_is_read_only_exactly_where_sqlite_reads_it_as_true"]),
+    "export's keep rule blind to the Triton version": (
+        "autotune/families/triton_moe/export.py",
+        '                  and old_entry.get("triton") == device.versions.get("triton"))', ")",
+        ["tests/test_sglang_files.py::test_an_entry_timed_under_another_triton_is_never_kept_as_faster"]),
 }
 
 

@@ -62,6 +62,32 @@ def test_the_file_a_url_names_is_the_one_sqlite_opens(tmp_path, monkeypatch, url
     assert made == ([] if file is None else [file])
 
 
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "On", "2", "0", "false", "no", "off", "x", ""])
+def test_immutable_is_read_only_exactly_where_sqlite_reads_it_as_true(tmp_path, value):
+    """SQLite's own boolean rule, not a list of ours: `immutable=true` (any case, or yes, on, 2) makes the
+    database read-only, `0`, `false`, `off` or a word it does not know leave it writable. Each URL opened
+    for real: parse() calls it read-only exactly where SQLite refuses the write."""
+    import sqlite3
+
+    import sqlalchemy
+
+    db = tmp_path / "u.db"
+    sqlite3.connect(db).close()
+    url = f"sqlite:///file:{db}?immutable={value}&uri=true"
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.begin() as c:
+            c.execute(sqlalchemy.text("CREATE TABLE t (x)"))
+        wrote = True
+    except sqlalchemy.exc.OperationalError as e:
+        assert "readonly" in str(e)
+        wrote = False
+    finally:
+        engine.dispose()
+    assert parse(url).read_only == (None if wrote else f"immutable={value}")
+
+
 REFUSED = [
     ("sqlite:///a.db?mode=ro", "SQLite reads mode only from a URI file name"),
     ("sqlite:///a.db?immutable=1", "SQLite reads immutable only from a URI file name"),
