@@ -24,13 +24,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import fcntl
 import hashlib
 import os
 import tempfile
 import shutil
 from pathlib import Path
 
+from autotune.fileio import locks
 from autotune.store.run_lock import RunLocked
 
 _ACTIVE: dict[Path, "FolderChange"] = {}
@@ -93,17 +93,11 @@ class FolderChange:
 
     # -- one writer ------------------------------------------------------------------------------
     def lock(self) -> "FolderChange":
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunLocked(f"another autotune command ({holder}) is writing into {self.given}; wait for it to "
+            self._fd = locks.take(self.lock_path, f"pid {os.getpid()}")
+        except locks.Busy as e:
+            raise RunLocked(f"another autotune command ({e}) is writing into {self.given}; wait for it to "
                             "finish, or write into another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        self._fd = fd
         _ACTIVE[self.folder] = self
         for stale in self.folder.parent.glob(f".{self.folder.name}.staged-*"):   # a killed writer's
             shutil.rmtree(stale, ignore_errors=True)
@@ -118,7 +112,7 @@ class FolderChange:
                 self.folder.parent.rmdir()
         _ACTIVE.pop(self.folder, None)
         if self._fd is not None:
-            os.close(self._fd)           # the flock goes with it
+            locks.release(self.lock_path, self._fd)       # the flock goes with it, and its file
             self._fd = None
 
     # -- staging ---------------------------------------------------------------------------------

@@ -6,16 +6,18 @@ so a second run on the same studies would double the trials and trip over the fi
 study is what `autotune worker` is for.
 
 The lock dies with its process (a killed run never leaves a stale one): an flock on a file in
-the temp folder for SQLite (one host reaches the file), a session advisory lock for PostgreSQL.
+the temp folder for SQLite (one host reaches the file), removed when the run lets go
+(autotune.fileio.locks), a session advisory lock for PostgreSQL.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import tempfile
 from pathlib import Path
+
+from autotune.fileio import locks
 
 
 class RunLocked(RuntimeError):
@@ -40,18 +42,14 @@ def run_lock(storage, url: str, run: str):
             yield
         return
     path = Path(tempfile.gettempdir()) / f"autotune-run-{key[:16]}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = Path(path).read_text().strip() or "another process"
-            raise RunLocked(_message(url, run, holder)) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
+        fd = locks.take(path, f"pid {os.getpid()}")
+    except locks.Busy as e:
+        raise RunLocked(_message(url, run, str(e))) from None
+    try:
         yield
     finally:
-        os.close(fd)
+        locks.release(path, fd)        # the flock goes, and the file with it
 
 
 @contextlib.contextmanager
