@@ -200,3 +200,30 @@ def test_only_narrows_the_run_to_the_mutant_patterns_it_matches():
         ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*")
     assert runner.chosen(["autotune.nothing*"]) == ()
 
+
+
+def test_since_runs_the_modules_a_change_touched_and_the_core(tmp_path):
+    """`--since REV` (.ci/run): the MUTANTS entries of every module changed since REV (committed after it,
+    changed in the working tree, or new), and CORE whatever changed; every entry names a module that exists."""
+    runner = _runner()
+    assert all((ROOT / runner.module_of(m)).is_file() for m in runner.MUTANTS)
+    assert runner.module_of("autotune.search.sieve.xǁBackendTunerǁselect_*") == "autotune/search/sieve.py"
+    assert runner.touched({"README.md", "tests/test_api.py"}) == runner.CORE
+    sieve = runner.touched({"autotune/search/sieve.py"})
+    assert set(sieve) - set(runner.CORE) == {m for m in runner.MUTANTS if m.startswith("autotune.search.sieve.")}
+    assert set(runner.touched(set(runner.module_of(m) for m in runner.MUTANTS))) == set(runner.MUTANTS)
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+    git("init", "-q")
+    for name in ("a.py", "b.py", "c.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "base")
+    base = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "a.py").write_text("x = 2\n")
+    git("commit", "-q", "-am", "after")
+    (tmp_path / "b.py").write_text("x = 3\n")            # changed, not committed
+    (tmp_path / "d.py").write_text("x = 4\n")            # new
+    assert runner.changed_files(base, tmp_path) == {"a.py", "b.py", "d.py"}

@@ -313,3 +313,30 @@ def test_a_replay_folder_is_never_published_as_gpu_validated(tmp_path, serving, 
     _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
               "configs were measured by replay, not on a GPU")
     assert _state(serving) == before
+
+
+def test_every_committed_validated_folder_publishes_or_the_readme_says_why_not(tmp_path, capsys):
+    """The README calls both committed folders validated: each publishes as it is, or the README says
+    why publish refuses it (the 0.5.16 folder's configs were selected by a replay of the H200
+    recordings: "measured by replay")."""
+    import re
+
+    from tests.conftest import ROOT
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    outcomes = {}
+    for record in sorted((ROOT / "tuned_configs").rglob("validation.json")):
+        src = record.parent
+        repo = tmp_path / f"serving{len(outcomes)}"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        _commit_file(repo, "README", "deploy repo\n")
+        rc = main(["publish", "--to", str(repo), "--from", str(src)])
+        err = capsys.readouterr().err
+        rel = src.relative_to(ROOT).as_posix()
+        outcomes[rel] = rc
+        if rc != 0:
+            why = re.search(r"measured by (\w+)", err)
+            assert rc == 2 and why, err
+            assert f"`{rel}/`" in readme and f'refuses it as "measured by {why.group(1)}"' in readme, (rel, err)
+    assert outcomes == {"tuned_configs/NVIDIA_H200": 0, "tuned_configs/sglang-0.5.16/NVIDIA_H200": 2}
