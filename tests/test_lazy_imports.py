@@ -86,6 +86,7 @@ def test_folder_commands_import_no_sglang_torch_transformers_or_flashinfer(tmp_p
     assert len(list((tmp_path / "sglang-cache").rglob("rank_*.json"))) == 2
 
 
+@pytest.mark.slow        # a fresh process importing SGLang: 10 s of CPU to show the check above can fail
 def test_the_module_set_check_sees_a_command_that_imports_sglang(tmp_path, monkeypatch):
     """The check above fails where a command imports SGLang: install with nothing remembered asks it."""
     from tests.test_flashinfer_install import model_folder, tuned_folder

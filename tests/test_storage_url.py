@@ -123,6 +123,7 @@ RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "-
 EXPORT = ["export", *RUN[1:7], *RUN[9:]]
 
 
+@pytest.mark.slow      # whole commands (run, export, run): the URL's reading is pinned by the parse tests above
 def test_a_query_string_keeps_every_check_on_the_real_file(tmp_path, capsys):
     """`?timeout=30` used to hide the file from every check: a run wrote Optuna's tables into the
     user's own database (exit 0) and export said a storage full of studies held none."""
@@ -149,6 +150,7 @@ def test_a_query_string_keeps_every_check_on_the_real_file(tmp_path, capsys):
     assert "--record and --storage name the same file" in capsys.readouterr().err
 
 
+@pytest.mark.slow      # whole commands; read-only is pinned by the parse tests, its refusal by test_reliability
 def test_a_read_only_storage_warm_starts_a_run_but_holds_none(tmp_path, capsys):
     db = tmp_path / "a.db"
     assert main([*RUN, "--out", str(tmp_path / "o1"), "--storage", f"sqlite:///{db}"]) == 0
