@@ -33,10 +33,18 @@ def _scratch_in_memory(config) -> None:
     st = os.statvfs(shm)
     if st.f_bavail * st.f_frsize < 2 * 2**30:
         return
-    folder = tempfile.mkdtemp(prefix="autotune-tests-", dir=shm)
+    folder, before = tempfile.mkdtemp(prefix="autotune-tests-", dir=shm), os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = None                  # gettempdir() reads TMPDIR again
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+    def restore():                           # a later session in this process (mutmut's) starts afresh
+        shutil.rmtree(folder, ignore_errors=True)
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+    config.add_cleanup(restore)
 
 
 def pytest_configure(config):
