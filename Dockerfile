@@ -4,12 +4,14 @@
 # covers SM90, SM100 and SM120 (RTX PRO 6000 needs CUDA >= 12.8, FlashInfer's b12x kernels CUDA 13)
 # with a driver >= 580. For an older driver pick another CUDA base and torch index:
 #   docker build -t autotune:cu130 .
-#   docker build --build-arg CUDA_IMAGE=nvidia/cuda:12.9.1-devel-ubuntu24.04 \
-#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129 -t autotune:cu129 .
+#   docker build --build-arg CUDA_IMAGE=docker.io/nvidia/cuda:12.9.1-devel-ubuntu24.04 \
+#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu129 --build-arg IMAGE_STACK=resolve \
+#       -t autotune:cu129 .
+# Image names are written in full (registry and all): podman resolves no short name without a registries.conf.
 #   docker run --gpus device=0 -v autotune-jit:/cache -v $PWD/tuned_configs:/work/tuned_configs autotune:cu130 \
 #       run --shapes qwen3.5 --tp 8 --gpus all
 # docs/DEPLOY.md: one job per GPU, N workers on PostgreSQL (deploy/docker-compose.yml), the dashboard.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+ARG CUDA_IMAGE=docker.io/nvidia/cuda:13.0.1-devel-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
 ARG TORCH_INDEX_URL=https://pypi.org/simple
@@ -35,20 +37,29 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 
 # The GPU stack, in full: torch for this CUDA, SGLang with its sgl_kernel, FlashInfer (JIT kernels
-# compile on first use into the cache volume below). Every package the CPU tests run is held at the
-# version they ran (requirements/cpu.lock, as constraints: the image runs the stack that was tested),
-# except two that SGLang's full dependency tree forbids at those versions (the CPU setup installs
-# SGLang without its dependencies): numpy < 2.4 (mistral-common, on Python <= 3.12) and
-# python-dateutil < 3. The version args must equal requirements/ (tests/test_deploy.py); another
-# stack is a change of both. Dockerfile.pip-freeze.txt is what this resolved to.
+# compile on first use into the cache volume below). pip installs exactly Dockerfile.pip-freeze.txt,
+# the image's lock (every package at its version, with the sha256 of the files the index offers where
+# it gives them), resolving nothing (--no-deps): two builds a day apart install the same stack, and the
+# layer is built again only when the lock changes (COPY keys the cache on its bytes).
+# IMAGE_STACK=resolve resolves the stack afresh instead, as scripts/lock_image.sh does to write a new lock
+# (a deliberate step: docs/DEPLOY.md): the Dockerfile's version args, and every package the CPU tests run
+# held at the version they ran (requirements/cpu.lock, as constraints), except two that SGLang's full
+# dependency tree forbids at those versions (the CPU setup installs SGLang without its dependencies):
+# numpy < 2.4 (mistral-common, on Python <= 3.12) and python-dateutil < 3. The version args must equal
+# requirements/ and the lock (tests/test_deploy.py); another stack is a change of all three.
+ARG IMAGE_STACK=locked
+COPY Dockerfile.pip-freeze.txt requirements/cpu.lock /tmp/lock/
 RUN --mount=type=secret,id=pip-cert,target=${PIP_CERT} \
-    --mount=type=bind,source=requirements/cpu.lock,target=/tmp/cpu.lock \
-    grep -v -E '^(numpy|python-dateutil)==' /tmp/cpu.lock > /tmp/constraints.txt \
-    && pip install --no-cache-dir -c /tmp/constraints.txt --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}" \
-    && pip install --no-cache-dir -c /tmp/constraints.txt "sglang==${SGLANG_VERSION}" \
-       "flashinfer-python==${FLASHINFER_VERSION}" "optuna==${OPTUNA_VERSION}" "psycopg[binary]==${PSYCOPG_VERSION}" \
-       pandas pyyaml tqdm matplotlib \
-    && rm /tmp/constraints.txt && pip check
+    if [ "${IMAGE_STACK}" = resolve ]; then \
+      grep -v -E '^(numpy|python-dateutil)==' /tmp/lock/cpu.lock > /tmp/constraints.txt \
+      && pip install --no-cache-dir -c /tmp/constraints.txt --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}" \
+      && pip install --no-cache-dir -c /tmp/constraints.txt "sglang==${SGLANG_VERSION}" \
+         "flashinfer-python==${FLASHINFER_VERSION}" "optuna==${OPTUNA_VERSION}" "psycopg[binary]==${PSYCOPG_VERSION}" \
+         pandas pyyaml tqdm matplotlib; \
+    else \
+      pip install --no-cache-dir --no-deps --extra-index-url ${TORCH_INDEX_URL} -r /tmp/lock/Dockerfile.pip-freeze.txt; \
+    fi \
+    && rm -rf /tmp/lock /tmp/constraints.txt && pip check
 # podman build (buildah) deletes a secret's mount target after its step, even a file the image had:
 # the bundle is made again from the image's own certificates (a no-op where the file was left alone).
 RUN update-ca-certificates >/dev/null

@@ -16,6 +16,10 @@ are reported (marked partial), so a slow machine never fails the gate by its spe
 `--only PATTERN` (fnmatch, repeatable) runs only the entries of MUTANTS it matches, e.g.
 `--only 'autotune.folder.change*'`: one module's tests written against its survivors, without waiting for
 every other module's mutants (mutmut still runs the whole test selection once to see what reaches what).
+
+`--since REV` (what .ci/run passes: the commit this branch left main at, or the last one CI ran on) runs
+the entries of MUTANTS whose module changed since REV (committed, uncommitted or new), and CORE always:
+a change is judged on what it touched, and the checks that matter most on every run.
 """
 from __future__ import annotations
 
@@ -46,9 +50,39 @@ MUTANTS = ("autotune.measure.timing.*", "autotune.families.triton_moe.pairs.*", 
            "autotune.folder.change.*")
 
 
+# Judged on every run, whatever a change touched: what calls an output correct (the numerics check, the
+# noise floor, the duel) and what picks the winner among the finalists.
+CORE = ("autotune.measure.timing.*", "autotune.search.finalists.*")
+
+
 def chosen(only: list[str] | None) -> tuple[str, ...]:
     """The entries of MUTANTS that `--only`'s patterns match (all of them without `--only`)."""
     return tuple(m for m in MUTANTS if not only or any(fnmatch(m, p) for p in only))
+
+
+def module_of(entry: str) -> str:
+    """The source file a MUTANTS entry's mutants live in (autotune.search.sieve.x_pins_over_default_* ->
+    autotune/search/sieve.py)."""
+    parts = entry.split(".")
+    while parts and (parts[-1] == "*" or parts[-1].startswith(("x_", "xǁ"))):
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
+def changed_files(since: str, tree: Path = ROOT) -> set[str]:
+    """The files of `tree` (a git checkout) that differ from commit `since`: committed after it, changed
+    in the working tree, or new and not ignored."""
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"--since {since}: git {args[0]} failed: {r.stderr.strip()}")
+        return r.stdout.splitlines()
+    return set(git("diff", "--name-only", since, "--")) | set(git("ls-files", "--others", "--exclude-standard"))
+
+
+def touched(files: set[str]) -> tuple[str, ...]:
+    """The entries of MUTANTS whose module is among `files`, and CORE's."""
+    return tuple(m for m in MUTANTS if m in CORE or module_of(m) in files)
 
 
 def scratch_copy(dest: Path) -> None:
@@ -139,8 +173,16 @@ def main() -> int:
     ap.add_argument("--keep", default=None, help="run in this folder (kept: `mutmut show NAME` there)")
     ap.add_argument("--only", action="append", metavar="PATTERN",
                     help="run only the entries of MUTANTS this matches (fnmatch; repeatable)")
+    ap.add_argument("--since", metavar="REV", default=None,
+                    help="run the entries whose module changed since commit REV, and CORE's")
     a = ap.parse_args()
-    mutants = chosen(a.only)
+    if a.only and a.since:
+        print("--only and --since each choose the mutants: give one", file=sys.stderr)
+        return 2
+    mutants = touched(changed_files(a.since)) if a.since else chosen(a.only)
+    if a.since:
+        print(f"mutants of {', '.join(sorted({module_of(m) for m in mutants}))} (changed since {a.since[:12]}, "
+              f"or the core: {', '.join(sorted({module_of(m) for m in CORE}))})", flush=True)
     if not mutants:
         print(f"--only {' '.join(a.only)} matches none of {', '.join(MUTANTS)}", file=sys.stderr)
         return 2

@@ -133,3 +133,27 @@ class FaultyBuilds(Faulty):
         if build == "error":
             raise CompilationError("at 1:1:\nbuild apart failed")
         open(os.path.join(os.environ["FAULTY_STATE"], f"built-{config['mode']}-{build}-{M}"), "w").close()
+
+
+class OomBeforeLaunch(Faulty):
+    """Out of GPU memory before any launch: config["mode"] "oom_building" while its inputs are built,
+    "oom_compiling" while its kernel compiles (torch's allocator refusing, as on a GPU)."""
+    name = "oom_before_launch"
+    spec = "tests.faulty_family:OomBeforeLaunch"
+
+    def space(self, problem, gemm, device):
+        return Space("oom_before_launch", {"mode": ("oom_building", "oom_compiling")})
+
+    @staticmethod
+    def _oom():
+        import torch
+        return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                      "of 79.19 GiB of which 1.06 GiB is free.")
+
+    def prepare(self, config, inputs):       # part of building the inputs: for this config, before it compiles
+        if config["mode"] == "oom_building":
+            raise self._oom()
+
+    def compile(self, config, inputs):
+        if config["mode"] == "oom_compiling":
+            raise self._oom()

@@ -116,6 +116,7 @@ def _fp8_gemm_run(out, db):
                  str(FP8_GEMM_GPU), "--out", str(out), "--storage", f"sqlite:///{db}", "--quiet"])
 
 
+@pytest.mark.slow      # three whole runs; the same merge (server_args.merge) is quick in the merge-choices test
 def test_a_later_run_of_another_family_keeps_the_moe_choice(tmp_path, cache_path):
     assert _run(tmp_path, cache_path) == 0                                  # moe_bf16 (+ fp4_gemm, not here)
     assert _fp8_gemm_run(tmp_path / "out", tmp_path / "b.db") == 0         # the H200's recorded fp8_gemm

@@ -128,3 +128,48 @@ def test_a_folder_that_serves_another_pair_is_refused(tmp_path):
         return out
     with pytest.raises(LayerError, match="SGLang loads .* for the tuned1 side"):
         confirm_by_layer(PROBLEM, choices, H200, root=tmp_path, timer=timer)
+
+
+# --- the layer check's own rules: each dtype's tolerance, a side's time the median of its repeats --------
+
+@pytest.mark.parametrize("dtype, tol", [("bf16", 0.02), ("fp8_w8a8_block", 0.08)])
+def test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance(dtype, tol):
+    """Each side's layer is checked against the float32 reference at the tolerance of the family that runs that
+    dtype's layer (bf16 0.02, block FP8 0.08: tests/test_correctness_check.py pins them): a layer off by 0.9x the
+    tolerance passes, one off by 1.1x fails, so bf16 is never judged at FP8's."""
+    import torch
+
+    from autotune.families.triton_moe.layer_timing import LayerTimer
+    from tests.checked_family import perturbed
+
+    ref = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
+    timer = LayerTimer.__new__(LayerTimer)          # what a GPU would make, without the GPU: the check alone
+    timer.problem, timer.held_s = Problem(8, 128, 256, 2, dtype), 0.0
+    timer._inputs = {2: (None, None, None, ref)}
+    timer.loads = lambda folder, M: ({}, {})
+    timer.launch = lambda folder, M: (lambda i: perturbed(ref, 0.9 * tol))
+    assert timer.error("f", 2) == pytest.approx(0.9 * tol, rel=1e-3)
+    timer.launch = lambda folder, M: (lambda i: perturbed(ref, 1.1 * tol))
+    with pytest.raises(LayerError, match=rf"relative error {1.1 * tol:.3g} > tolerance {tol:.3g}"):
+        timer.error("f", 2)
+
+
+def test_a_sides_layer_time_is_the_median_of_its_repeats_and_its_spread_their_range():
+    """Each side timed `repeats` times in turns: its time is the median of its repeats (one lucky fast repeat
+    moves it no more than one slow one), its spread (max - min) / median, at least its replays' own."""
+    from types import SimpleNamespace
+
+    from autotune.families.triton_moe.layer_timing import time_sides
+
+    repeats = {"tuned": [10.0, 2.0, 30.0, 20.0, 40.0], "shipped": [5.0, 6.0, 7.0, 8.0, 100.0],
+               "default": [9.0, 1.0, 9.0, 9.0, 9.0]}
+    left, ran = {s: iter(ts) for s, ts in repeats.items()}, []
+
+    def time(folder, M):
+        ran.append(folder)
+        return SimpleNamespace(median_us=next(left[folder]), spread=0.01)
+    timer = SimpleNamespace(loads=lambda folder, M: ({}, {}), error=lambda folder, M: 0.0, time=time)
+    [row] = time_sides(timer, {s: s for s in repeats}, [2], repeats=5)
+    assert sorted(ran) == sorted(s for s in repeats for _ in range(5))
+    assert (row["tuned µs"], row["shipped µs"], row["default µs"]) == (20.0, 7.0, 9.0)
+    assert row["tuned spread"] == pytest.approx(38.0 / 20.0) and row["default spread"] == pytest.approx(8.0 / 9.0)

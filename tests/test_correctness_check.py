@@ -130,6 +130,18 @@ def test_an_error_of_exactly_the_tolerance_passes_and_the_reason_names_where_the
     assert math.isnan(rel_error(out, ref)) and rel_error(torch.ones(4), torch.zeros(4)) == 2.0   # |out| over 1
 
 
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_reference_with_nan_or_inf_fails_every_output(bad):
+    """An error that cannot be computed is never a pass: against a float32 reference holding a NaN or an
+    Inf, a finite output fails at any tolerance (written `err > tol`, a NaN error compares false and passed)."""
+    ref = torch.ones(4, 5)
+    ref[1, 2] = bad
+    for out in (torch.ones(4, 5), ref.nan_to_num(posinf=1.0, neginf=1.0)):
+        ok, reason, err = check_output(out, ref, 1e6)
+        assert not ok and math.isnan(err) and reason.startswith("relative error nan > tolerance")
+
+
 def measure(family_spec: str, config: dict, options: dict | None = None, M: int = 4):
     """One measurement by the worker's own Measurer, in this process, on the CPU."""
     problem = Problem(8, 32, 64, 2, "bf16", batch_sizes=(M,))

@@ -53,6 +53,35 @@ def test_a_phase_that_compiles_apart_measures_with_one_process_a_gpu_and_builds_
     assert gm.plan_pool([_h100()], [gm.Phase("p", _fp(5.2))], cores=16, requested=None).builders == 0
 
 
+
+def test_a_cap_above_the_free_memory_plans_for_what_is_free():
+    """AUTOTUNE_GPU_MEMORY stands for a smaller card, never for memory another process holds: 32 GiB
+    capped on an 80 GiB card of which 20 GiB are free plans for the 20."""
+    phase = [gm.Phase("p", _fp(2), _fp(4))]
+    busy = _h100(free=20, cap=32 * GiB)
+    assert busy.usable == 20 * GiB
+    plan = gm.plan_pool([busy], phase, cores=64, requested=None)
+    assert plan.workers["p"] == ((20 * GiB - busy.margin - 4 * GiB) // (2 * GiB),)
+    ph = plan.phases[0]
+    assert plan.workers["p"][0] * plan.share(0, ph, plan.workers["p"][0]) + ph.main.total + busy.margin <= 20 * GiB
+
+
+@pytest.mark.parametrize("free, cap", [(80, None), (80, 32 * GiB), (30, None)])
+def test_every_workers_limit_and_its_cuda_context_together_fit_its_gpu(free, cap):
+    """limits() is what torch's allocator may hold in each worker; the CUDA context is held outside it, so
+    the limits and the contexts of all workers, the run's own need and the margin fit the GPU's memory
+    (without the context counted, 15 workers' limits came to 91 GiB on an 80 GiB card)."""
+    gpus = [_h100(free=free, cap=cap), _h100(free=free, cap=cap, index=1)]
+    phases = [gm.Phase("configs", _fp(1.5), _fp(4)), gm.Phase("backends", _fp(3))]
+    plan = gm.plan_pool(gpus, phases, cores=128, requested=None)
+    for ph in phases:
+        limits = plan.limits(ph)
+        for i, g in enumerate(gpus):
+            n = plan.workers[ph.name][i]
+            main = ph.main.total if ph.main is not None and i == 0 else 0
+            assert limits[g.index] >= ph.per_worker.total - gm.CONTEXT_BYTES     # room for its tensors
+            assert n * (limits[g.index] + gm.CONTEXT_BYTES) + main + g.margin <= g.usable
+
 def test_a_workers_flag_that_does_not_fit_is_lowered_and_said():
     plan = gm.plan_pool([_h100()], [gm.Phase("p", _fp(5.2), _fp(4.2))], cores=64, requested=15)
     assert plan.workers["p"] == (13,) and plan.lowered_from == 15

@@ -1,6 +1,7 @@
 """The package as a user installs it: a built wheel in a fresh virtual environment, and every
 third-party package autotune imports declared in its metadata."""
 import ast
+import os
 import subprocess
 import sys
 import sysconfig
@@ -64,20 +65,21 @@ def test_the_wheel_carries_its_search_spaces_and_runs_in_a_fresh_venv(wheel, tmp
     assert "autotune/search_spaces/triton_moe.yaml" in names
     assert "autotune/search_spaces/compiled/sm120.json" in names
     venv = tmp_path / "venv"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}     # a checkout there would be imported
     subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True, timeout=300)
     # The dependencies come from the test environment's site-packages, added as a plain path: its
     # .pth files (the editable install of this checkout among them) are not read from there, so
     # `autotune` can only be the installed wheel.
     site = Path(subprocess.check_output([str(venv / "bin/python"), "-c",
-                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, env=clean).strip())
     (site / "test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=clean)
     where = subprocess.check_output([str(venv / "bin/python"), "-c", "import autotune.families.spaces as s; print(s.SPACES_DIR)"],
-                                    cwd=tmp_path, text=True).strip()
+                                    cwd=tmp_path, text=True, env=clean).strip()
     assert where.startswith(str(site)), where
     p = subprocess.run([str(venv / "bin/autotune"), "shapes", "--shapes", "qwen3.5", "--target-sm", "120"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=clean)
     assert p.returncode == 0, p.stderr
     assert "27 fused-MoE problems" in p.stdout
     assert "sm120: shared memory exact, compiled with Triton 3.8.0" in p.stdout    # the record inside the wheel

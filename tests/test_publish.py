@@ -220,17 +220,20 @@ def test_a_serving_repo_that_ignores_json_is_refused_with_the_repo_unchanged(tmp
     assert _state(serving) == before
 
 
-@pytest.mark.parametrize("how", ["hook-drops-a-file", "filter-changes-bytes"])
+@pytest.mark.parametrize("how", ["hook-drops-a-file", "hook-adds-a-file", "filter-changes-bytes"])
 def test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back(tmp_path, serving, capsys, how):
-    """What no check before the commit sees: a pre-commit hook that takes a file out of the index, a
-    clean filter that rewrites the JSON. The committed tree is compared with the plan (git ls-tree)."""
+    """What no check before the commit sees: a pre-commit hook that takes a file out of the index or adds
+    one beyond the plan, a clean filter that rewrites the JSON. The committed tree is compared with the
+    plan (git ls-tree, git diff-tree)."""
     src = tuned(tmp_path, "a", {1: 10.0})
     prov = f"tuned_configs/{DEV.file_name}/provenance.json"
-    if how == "hook-drops-a-file":
+    if how.startswith("hook"):
         hook = serving / ".git/hooks/pre-commit"
-        hook.write_text(f"#!/bin/sh\ngit rm -q --cached -- '{prov}'\n")
+        hook.write_text(f"#!/bin/sh\ngit rm -q --cached -- '{prov}'\n" if how == "hook-drops-a-file" else
+                        "#!/bin/sh\necho more > notes.txt && git add notes.txt\n")
         hook.chmod(0o755)
-        says = f"1 of the 4 planned files are not in it ({prov})"
+        says = (f"1 of the 4 planned files are not in it ({prov})" if how == "hook-drops-a-file" else
+                "it also changes notes.txt, which publish did not plan")
     else:
         _commit_file(serving, ".gitattributes", "*.json filter=lower\n")
         git(serving, "config", "filter.lower.clean", "tr A-Z a-z")
@@ -240,6 +243,24 @@ def test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back(tmp_path
     line = _one_line(capsys, rc, "the commit is not what publish planned: ")
     assert says in line and line.endswith("the serving repo is put back as it was")
     assert _state(serving) == before and git(serving, "branch", "--list") == "* main"
+
+
+
+def test_the_serving_repos_entry_of_another_gpu_or_stack_is_never_kept_as_faster():
+    """merge_file keeps a serving repo's entry per M only where it was timed faster on the same GPU and
+    the same Triton, SGLang and torch: a time taken elsewhere says nothing of this GPU's."""
+    from autotune.publish import merge_file
+
+    def entry(device, us, **versions):
+        return {"device": device, "versions": {"triton": "3.6.0", "sglang": "0.5.23", "torch": "2.11.0", **versions},
+                "per_M": {"1": {"tuned_us": us}}}
+    ours, faster = {"1": A}, {"1": B}
+    mine = entry(DEV.name, 10.0)
+    assert merge_file(ours, mine, faster, entry(DEV.name, 5.0)) == ({"1": B}, {"1": {"tuned_us": 5.0}},
+                                                                   {"1": "serving repo's 5.00 us beats ours 10.00 us"})
+    for theirs in (entry("NVIDIA H200", 5.0), entry(DEV.name, 5.0, triton="3.5.1"),
+                   entry(DEV.name, 5.0, sglang="0.5.16"), entry(DEV.name, 5.0, torch="2.9.0")):
+        assert merge_file(ours, mine, faster, theirs) == ({"1": A}, {"1": {"tuned_us": 10.0}}, {})
 
 
 def test_the_count_said_is_the_files_committed(tmp_path, serving, capsys):
@@ -292,3 +313,30 @@ def test_a_replay_folder_is_never_published_as_gpu_validated(tmp_path, serving, 
     _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
               "configs were measured by replay, not on a GPU")
     assert _state(serving) == before
+
+
+def test_every_committed_validated_folder_publishes_or_the_readme_says_why_not(tmp_path, capsys):
+    """The README calls both committed folders validated: each publishes as it is, or the README says
+    why publish refuses it (the 0.5.16 folder's configs were selected by a replay of the H200
+    recordings: "measured by replay")."""
+    import re
+
+    from tests.conftest import ROOT
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    outcomes = {}
+    for record in sorted((ROOT / "tuned_configs").rglob("validation.json")):
+        src = record.parent
+        repo = tmp_path / f"serving{len(outcomes)}"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        _commit_file(repo, "README", "deploy repo\n")
+        rc = main(["publish", "--to", str(repo), "--from", str(src)])
+        err = capsys.readouterr().err
+        rel = src.relative_to(ROOT).as_posix()
+        outcomes[rel] = rc
+        if rc != 0:
+            why = re.search(r"measured by (\w+)", err)
+            assert rc == 2 and why, err
+            assert f"`{rel}/`" in readme and f'refuses it as "measured by {why.group(1)}"' in readme, (rel, err)
+    assert outcomes == {"tuned_configs/NVIDIA_H200": 0, "tuned_configs/sglang-0.5.16/NVIDIA_H200": 2}

@@ -15,7 +15,7 @@ from autotune.search.context import SearchContext
 from autotune.search.study import ProblemTuner, TuneSettings
 from autotune.measure.tasks import Settings, Task, run_tasks
 from autotune.measure.pool import WorkerPool
-from tests.faulty_family import OomFaulty
+from tests.faulty_family import OomBeforeLaunch, OomFaulty
 
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
@@ -52,6 +52,18 @@ def test_earlier_releases_rows_are_read_as_resource_failures_by_their_reason(sta
     assert is_resource_failure(m) is resource
 
 
+
+@pytest.mark.parametrize("mode, stage", [("oom_building", "building inputs"), ("oom_compiling", "compiling")])
+def test_out_of_memory_before_the_launch_is_the_machines_failure_never_the_configs(mode, stage):
+    """Out of memory while the inputs are built or the kernel compiles is a resource failure (measured again,
+    never stored as the config's verdict), not a compile error; the worker's context is intact."""
+    from autotune.measure.measurer import Measurer
+
+    m, fatal = Measurer(Settings(family=OomBeforeLaunch.spec, on_cpu=True, routings=1), None).measure(
+        Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": mode}, [1], family=OomBeforeLaunch.spec), PROBLEM, 1)
+    assert (m.status, fatal) == (records.RESOURCE, False) and is_resource_failure(m)
+    assert m.reason.startswith(f"{stage}: OutOfMemoryError: CUDA out of memory")
+
 # --- the pool measures a resource failure again, with fewer workers ------------------------------
 
 def _run(pool, tasks):
@@ -70,16 +82,40 @@ def _task(mode, Ms=(1, 2)):
     return Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": mode}, list(Ms))
 
 
+def _two_phases():
+    """A memory plan of two steps, two workers each on one 80 GiB GPU (autotune.gpus.memory_plan)."""
+    from autotune.gpus import memory_plan as gm
+    from autotune.gpus.catalog import GiB
+
+    fp = gm.Footprint("w", {"x": 4 * GiB})
+    return gm.plan_pool([gm.GpuMemory(0, 80 * GiB, 80 * GiB)], [gm.Phase("configs", fp), gm.Phase("backends", fp)],
+                        cores=None, requested=2)
+
+
 def test_out_of_memory_is_measured_again_and_never_returned(state):
     settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
-    with WorkerPool(settings, n_workers=2, timeout_s=60) as pool:
-        out = _run(pool, [_task("oom_once"), _task("cuda_oom_once"), _task("ok")])
+    plan = _two_phases()
+    with WorkerPool(settings, n_workers=2, timeout_s=60, memory_plan=plan) as pool:
+        out = _run(pool, [_task("oom_once"), _task("ok")])
         assert [m.M for m in out["oom_once"]] == [1, 2] and all(m.ok for m in out["oom_once"])
-        # CUDA's own out-of-memory poisons the context: the worker is replaced and the rest measured again
+        assert all(m.ok for m in out["ok"])
+        assert pool.resource_retries >= 2
+        assert pool.retired >= 1 and len(pool.slots) == 1       # the GPU lost a worker to the shortage
+        # the next step of the plan starts with one fewer too: a shortage is the GPU's, not the step's
+        assert plan.workers["backends"] == (2,)
+        pool.use_phase("backends")
+        assert len(pool.slots) == 1 and _run(pool, [_task("ok")])["ok"][0].ok
+
+
+@pytest.mark.slow      # a worker's death and its replacement's start (the quick test above keeps the retry)
+def test_cudas_own_out_of_memory_replaces_the_worker_and_measures_again(state):
+    """CUDA's own out-of-memory poisons the context: the worker is replaced and the rest measured again."""
+    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
+    with WorkerPool(settings, n_workers=2, timeout_s=60) as pool:
+        out = _run(pool, [_task("cuda_oom_once"), _task("ok")])
         assert [m.M for m in out["cuda_oom_once"]] == [1, 2] and all(m.ok for m in out["cuda_oom_once"])
         assert all(m.ok for m in out["ok"])
-        assert pool.resource_retries >= 3 and pool.replaced >= 1
-        assert pool.retired >= 1 and len(pool.slots) == 1       # the GPU lost a worker to the shortage
+        assert pool.resource_retries >= 2 and pool.replaced >= 1
 
 
 def test_out_of_memory_with_one_worker_left_stops_the_run_in_one_line(state):
@@ -90,6 +126,7 @@ def test_out_of_memory_with_one_worker_left_stops_the_run_in_one_line(state):
             _run(pool, [_task("oom_always", [1])])
 
 
+@pytest.mark.slow      # a whole search on a pool: the rule is quick at the measurer and the pool above
 def test_a_study_never_stores_a_resource_failure(state, tmp_path):
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     settings = Settings(family=OomFaulty.spec, on_cpu=True, routings=1)

@@ -101,6 +101,24 @@ def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
     assert data["1"] == UP and data["8"] == BIG
 
 
+
+def test_an_entry_timed_under_another_triton_is_never_kept_as_faster(tmp_path, rtx):
+    """The keep rule compares times taken on the same GPU and Triton only: a folder last exported under
+    Triton 3.5.1 (1 us) holds no verdict on a 3.6.0 measurement, even where 3.6.0's older file, with the
+    same bytes, is there and replaced under --force."""
+    from autotune.fileio.writing import forcing
+
+    p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
+    older = DeviceInfo(rtx.name, rtx.sm, rtx.smem_optin, versions={"triton": "3.5.1"})
+    export_problem(tmp_path, rtx, p, {M: _choice(M, UP, UP, t=20.0) for M in (1, 8)}, {})
+    export_problem(tmp_path, older, p, {M: _choice(M, UP, UP, t=1.0) for M in (1, 8)}, {})
+    with forcing(True):          # 3.6.0's file is no longer the one provenance lists
+        summary = export_problem(tmp_path, rtx, p, {M: _choice(M, BIG, BIG, t=10.0) for M in (1, 8)}, {})
+    assert summary["kept"] == {}
+    up, _, entry = _files(tmp_path, rtx, p)
+    assert up == {"1": BIG, "8": BIG} and entry["triton"] == "3.6.0"
+    assert {M: rec["tuned_us"] for M, rec in entry["per_M"].items()} == {"1": 10.0, "8": 10.0}
+
 def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
     from autotune.fileio import writing
 

@@ -160,3 +160,28 @@ def test_sglang_auto_that_cannot_be_resolved_here_is_unknown_in_one_line(monkeyp
     assert capabilities.sglang_auto_value("fp4_gemm", None) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fp4_gemm" in err[0] and "openai" in err[0] and "unknown" in err[0]
+
+
+@pytest.mark.slow       # a fresh process (the world is built once per process) importing SGLang
+def test_the_world_takes_no_port_from_the_environment_its_parent_holds(tmp_path):
+    """A test process that had built its world left MASTER_PORT in its environment, and a run it started
+    (the README main job) built its own world on that port, held by the parent: EADDRINUSE, and SGLang's
+    `auto` reported unknown. The world now rendezvous on a free port of its own, whatever the environment."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT),
+               "AUTOTUNE_CACHE_DIR": str(tmp_path / "memo")}
+        code = ("from autotune.families import capabilities; print(capabilities.sglang_auto_value('moe_bf16', 90)); "
+                "import os; print(os.environ['MASTER_PORT'])")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "autotune: warning" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["triton", str(port)]        # answered; the environment left as it was

@@ -85,10 +85,13 @@ def test_a_users_file_where_the_memo_would_go_is_left_as_it_was(fresh_memo, h200
 
 @pytest.mark.slow
 def test_a_run_with_the_answers_remembered_never_imports_sglang_and_exports_the_same(tmp_path):
-    """Two replay runs, each a new process on one memo: the first asks SGLang, the second finds
-    every answer remembered (export and its shipped overlay included) and writes the same files."""
+    """Two replay runs, each a new process on one memo: the first asks SGLang's loader (run from its
+    source: no SGLang import either), the second finds every answer remembered (export and its shipped
+    overlay included) and writes the same files."""
     code = ("import sys; from autotune.cli import main; rc = main(sys.argv[1:]); "
-            "print('sglang imported:', 'sglang' in sys.modules); sys.exit(rc)")
+            "print('sglang imported:', 'sglang' in sys.modules); "
+            "from autotune.adapters.sglang_loader import light_config_module as loader; "
+            "print('loader run:', loader.cache_info().currsize == 1); sys.exit(rc)")
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "memo")}
     outs = []
     for run in ("cold", "warm"):
@@ -99,7 +102,8 @@ def test_a_run_with_the_answers_remembered_never_imports_sglang_and_exports_the_
                            timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
         outs.append(p.stdout)
-    assert "sglang imported: True" in outs[0] and "sglang imported: False" in outs[1]
+    assert all("sglang imported: False" in out for out in outs)
+    assert "loader run: True" in outs[0] and "loader run: False" in outs[1]
     files = sorted(p.relative_to(tmp_path / "cold") for p in (tmp_path / "cold").rglob("E=*.json"))
     assert len(files) > 2                   # ours and SGLang's shipped overlay
     assert files == sorted(p.relative_to(tmp_path / "warm") for p in (tmp_path / "warm").rglob("E=*.json"))

@@ -64,6 +64,32 @@ def test_the_file_a_url_names_is_the_one_sqlite_opens(tmp_path, monkeypatch, url
     assert made == ([] if file is None else [file])
 
 
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "On", "2", "0", "false", "no", "off", "x", ""])
+def test_immutable_is_read_only_exactly_where_sqlite_reads_it_as_true(tmp_path, value):
+    """SQLite's own boolean rule, not a list of ours: `immutable=true` (any case, or yes, on, 2) makes the
+    database read-only, `0`, `false`, `off` or a word it does not know leave it writable. Each URL opened
+    for real: parse() calls it read-only exactly where SQLite refuses the write."""
+    import sqlite3
+
+    import sqlalchemy
+
+    db = tmp_path / "u.db"
+    sqlite3.connect(db).close()
+    url = f"sqlite:///file:{db}?immutable={value}&uri=true"
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.begin() as c:
+            c.execute(sqlalchemy.text("CREATE TABLE t (x)"))
+        wrote = True
+    except sqlalchemy.exc.OperationalError as e:
+        assert "readonly" in str(e)
+        wrote = False
+    finally:
+        engine.dispose()
+    assert parse(url).read_only == (None if wrote else f"immutable={value}")
+
+
 REFUSED = [
     ("sqlite:///a.db?mode=ro", "SQLite reads mode only from a URI file name"),
     ("sqlite:///a.db?immutable=1", "SQLite reads immutable only from a URI file name"),
@@ -99,6 +125,7 @@ RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "-
 EXPORT = ["export", *RUN[1:7], *RUN[9:]]
 
 
+@pytest.mark.slow      # whole commands (run, export, run): the URL's reading is pinned by the parse tests above
 def test_a_query_string_keeps_every_check_on_the_real_file(tmp_path, capsys):
     """`?timeout=30` used to hide the file from every check: a run wrote Optuna's tables into the
     user's own database (exit 0) and export said a storage full of studies held none."""
@@ -125,6 +152,7 @@ def test_a_query_string_keeps_every_check_on_the_real_file(tmp_path, capsys):
     assert "--record and --storage name the same file" in capsys.readouterr().err
 
 
+@pytest.mark.slow      # whole commands; read-only is pinned by the parse tests, its refusal by test_reliability
 def test_a_read_only_storage_warm_starts_a_run_and_is_exported_but_holds_none(tmp_path, capsys):
     """export only reads its run: a read-only storage was refused ("it cannot hold a run") though valid."""
     db = tmp_path / "a.db"

@@ -158,8 +158,10 @@ def test_benchmark_exiting_non_zero_or_hanging_is_an_error_with_its_output(tmp_p
         run_logged([sys.executable, "-c", "print('no server answered'); raise SystemExit(4)"],
                    log_path=tmp_path / "b.log", timeout_s=30, what="serving at concurrency 8")
     with pytest.raises(BenchmarkError, match="did not finish in 1 s"):
-        run_logged([sys.executable, "-c", "import os, signal; print('hanging pid=%d' % os.getpid(), flush=True); signal.pause()"],
-                   log_path=tmp_path / "h.log", timeout_s=1, what="one_batch_server")
+        # -S: no site-packages to read first, so the process has said its pid well inside its 1 s on a loaded
+        # machine (with the venv's site it sometimes had not, and the log was empty)
+        run_logged([sys.executable, "-S", "-c", "import os, signal; print('hanging pid=%d' % os.getpid(), flush=True); "
+                    "signal.pause()"], log_path=tmp_path / "h.log", timeout_s=1, what="one_batch_server")
     hung = int(re.search(r"hanging pid=(\d+)", (tmp_path / "h.log").read_text()).group(1))
     assert not _alive(hung)         # killed at its timeout, not waited for
     # success: the log holds the command line and its output, and what the command left running in

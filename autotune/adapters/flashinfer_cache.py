@@ -17,23 +17,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import torch
-from flashinfer.autotuner import AutoTuner, ProfilingCacheKey, TuningConfig
-from flashinfer.autotuner.autotuner import (
-    _CACHE_GENERATION_KEY,
-    _METADATA_KEY,
-    _NAMESPACED_RECORDS_KEY,
-    _classify_metadata_mismatches,
-    _collect_metadata,
-    _format_meta_mismatches,
-    _tactic_to_json,
-)
-
 from autotune.fileio.writing import json_with, write_atomic
 from autotune.fileio.reading import load_json
 
-# Ours to merge into: a JSON object in FlashInfer's cache format (what it writes, or we did)
-CACHE_OURS = json_with(_METADATA_KEY)
+
+def _autotuner():
+    """FlashInfer's autotuner module (imported on first use: with torch, 3-4 s of CPU, which reading
+    and writing a cache file of the same environment need not pay: `file_keys`)."""
+    import flashinfer.autotuner.autotuner as at
+
+    return at
+
+
+def file_keys() -> dict[str, str]:
+    """FlashInfer's names of its cache file's own keys ("metadata", "records", "generation") and its
+    version ("version"), as the installed FlashInfer gives them; remembered per FlashInfer release with
+    SGLang's loader answers (autotune.adapters.sglang_loader.remembered), so a command that only reads
+    or writes such a file (`autotune install`) imports no FlashInfer once they were asked."""
+    import importlib.metadata as md
+
+    from autotune.adapters.sglang_loader import remembered
+
+    def ask():
+        import flashinfer
+
+        at = _autotuner()
+        return {"metadata": at._METADATA_KEY, "records": at._NAMESPACED_RECORDS_KEY,
+                "generation": at._CACHE_GENERATION_KEY, "version": getattr(flashinfer, "__version__", "unknown")}
+    try:
+        release = md.version("flashinfer-python")
+    except md.PackageNotFoundError:
+        release = None
+    return remembered(("flashinfer_file_keys", release), ask,
+                      lambda a: isinstance(a, dict) and all(isinstance(a.get(k), str)
+                                                            for k in ("metadata", "records", "generation", "version")))
+
+
+def CACHE_OURS(path: Path) -> bool:
+    """Ours to merge into: a JSON object in FlashInfer's cache format (what it writes, or we did)."""
+    return json_with(file_keys()["metadata"])(path)
+
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -71,8 +94,9 @@ class CacheEntry:
         """The entry FlashInfer would store for a call with these input shapes: the shapes go
         through its bucket mapping, the policy is what a warm-up under this config requests."""
         shapes = tuple(tuple(int(d) for d in s) for s in input_shapes)
-        return cls(custom_op, runner, AutoTuner._find_nearest_profile(shapes, tuning_config), tactic,
-                   tuple(extras), AutoTuner._profiling_policy(tuning_config))
+        tuner = _autotuner().AutoTuner
+        return cls(custom_op, runner, tuner._find_nearest_profile(shapes, tuning_config), tactic,
+                   tuple(extras), tuner._profiling_policy(tuning_config))
 
     @classmethod
     def from_key(cls, key: ProfilingCacheKey, tactic: Any, policy: tuple | None = None) -> "CacheEntry":
@@ -82,11 +106,11 @@ class CacheEntry:
     @property
     def file_key(self) -> str:
         # FlashInfer's own key: runner_hash is not part of file_key, so any value does.
-        return ProfilingCacheKey(self.custom_op, self.runner, 0, self.profile, self.extras).file_key
+        return _autotuner().ProfilingCacheKey(self.custom_op, self.runner, 0, self.profile, self.extras).file_key
 
     @property
     def value(self) -> list:
-        value = [self.runner, _tactic_to_json(self.tactic)]
+        value = [self.runner, _autotuner()._tactic_to_json(self.tactic)]
         if self.policy is not None:
             value.append(list(self.policy))
         return value
@@ -95,9 +119,11 @@ class CacheEntry:
 def profiled_shapes(tuning_config: TuningConfig, input_shapes: Iterable[Sequence[int]]) -> list[Shapes]:
     """Opt shapes FlashInfer profiles during a tuning-mode call with these inputs, one per bucket.
     A warm-up call skips profiling only where the file holds an entry for each of them."""
+    import torch
+
     # Meta tensors carry shapes only; a non-tensor input and a (0,)-shaped tensor profile alike.
     inputs = [torch.empty(tuple(s), device="meta") for s in input_shapes]
-    profiles = AutoTuner.get()._generate_optimization_profiles(tuning_config, inputs)
+    profiles = _autotuner().AutoTuner.get()._generate_optimization_profiles(tuning_config, inputs)
     return [p.get_opt_shapes() for p in profiles]
 
 
@@ -116,7 +142,7 @@ def tuning_config_for(custom_op: str, *, tune_max_num_tokens: int = 8192, use_8x
     if custom_op in (CUTLASS_MOE_GEMM1, CUTLASS_MOE_GEMM2):
         # MoERunner.refine_tuning_config (fused_moe/core.py) only exists once the JIT module is
         # built; this is the same config from the same FlashInfer helpers.
-        from flashinfer.autotuner import DynamicTensorSpec
+        from flashinfer.autotuner import DynamicTensorSpec, TuningConfig
         from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets, make_hybrid_bucket_mapper
         return TuningConfig(dynamic_tensor_specs=(DynamicTensorSpec(
             (0,), (0,), get_hybrid_num_tokens_buckets(tune_max_num_tokens),
@@ -127,6 +153,7 @@ def tuning_config_for(custom_op: str, *, tune_max_num_tokens: int = 8192, use_8x
         from flashinfer.fused_moe.shared.inputs import MoeRunnerInputs
         from flashinfer.fused_moe.shared.tuning import make_moe_tuning_config
         from flashinfer.tllm_enums import Fp8QuantizationType
+        import torch
         tensors = [None if tuple(s) == (0,) else torch.empty(tuple(s), device="meta") for s in input_shapes]
         # Initializers do not enter the key, so none are passed (the real one reads topk_ids).
         return make_moe_tuning_config(
@@ -141,7 +168,7 @@ def metadata_for(device_versions: Mapping[str, Any], *, wildcard: Iterable[str] 
     flashinfer.autotuner._collect_metadata() run on that machine; "flashinfer"/"cuda" are accepted
     for flashinfer_version/cuda_version). Fields in `wildcard` become "*", which any environment
     accepts. load_configs ignores the whole file when a field differs or is missing."""
-    fields = list(_collect_metadata())   # the fields this FlashInfer compares
+    fields = list(_autotuner()._collect_metadata())   # the fields this FlashInfer compares
     given = {_ALIASES.get(k, k): v for k, v in device_versions.items()}
     wild = set(wildcard)
     unknown = wild - set(fields)
@@ -179,9 +206,10 @@ def read_cache(path: str | Path) -> tuple[dict | None, dict, dict] | None:
         raise ValueError(f"{path} is not valid JSON ({err}); not overwritten") from None
     if not isinstance(disk, dict):
         raise ValueError(f"{path} is not a FlashInfer cache (not a JSON object); not overwritten")
-    meta = disk.pop(_METADATA_KEY, None)
-    disk.pop(_CACHE_GENERATION_KEY, None)
-    records = disk.pop(_NAMESPACED_RECORDS_KEY, {})
+    keys = file_keys()
+    meta = disk.pop(keys["metadata"], None)
+    disk.pop(keys["generation"], None)
+    records = disk.pop(keys["records"], {})
     return meta, (records if isinstance(records, dict) else {}), disk
 
 
@@ -193,9 +221,12 @@ def kept_entries(path: str | Path, metadata: Mapping[str, Any]) -> tuple[dict, d
     if got is None:
         return {}, {}, None
     disk_meta, records, entries = got
-    hard, soft = _classify_metadata_mismatches(disk_meta, dict(metadata)) if disk_meta is not None else ({}, {})
+    if disk_meta is None:
+        return entries, records, None
+    at = _autotuner()
+    hard, soft = at._classify_metadata_mismatches(disk_meta, dict(metadata))
     if hard:
-        raise ForeignCache(path, _format_meta_mismatches(hard))
+        raise ForeignCache(path, at._format_meta_mismatches(hard))
     return ({}, {}, None) if soft else (entries, records, disk_meta)
 
 
@@ -213,12 +244,13 @@ def write_cache(path: str | Path, entries: Iterable[CacheEntry], metadata: Mappi
 
 def render(meta: Mapping, records: Mapping, configs: Mapping) -> str:
     """save_configs' layout: metadata, records, sorted entries, then the generation hash."""
-    ordered: dict[str, Any] = {_METADATA_KEY: dict(meta)}
+    keys = file_keys()
+    ordered: dict[str, Any] = {keys["metadata"]: dict(meta)}
     if records:
-        ordered[_NAMESPACED_RECORDS_KEY] = dict(records)
+        ordered[keys["records"]] = dict(records)
     for key in sorted(configs):
         ordered[key] = configs[key]
     # Same hash as save_configs; SGLang's namespaced-record writers compare it to detect races.
     source = json.dumps(ordered, sort_keys=True, separators=(",", ":")).encode()
-    ordered[_CACHE_GENERATION_KEY] = hashlib.sha256(source).hexdigest()
+    ordered[keys["generation"]] = hashlib.sha256(source).hexdigest()
     return json.dumps(ordered, indent=2)

@@ -15,8 +15,29 @@ def driver_version() -> str:
         return ""
 
 
+def no_cuda_driver() -> bool:
+    """Whether this machine surely has no CUDA GPU: the driver's library (libcuda, which torch's CUDA
+    build loads to find GPUs and never ships) cannot be loaded, and torch is no ROCm build. Asked
+    before torch is imported (2-3 s of CPU), which a machine without a GPU need not pay."""
+    import ctypes
+    import importlib.metadata as md
+
+    try:
+        if "rocm" in md.version("torch"):
+            return False
+    except md.PackageNotFoundError:
+        pass
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
 def detect(index: int = 0) -> DeviceInfo:
     """The local CUDA GPU. Raises NoDeviceError where there is none."""
+    if no_cuda_driver():
+        raise NoDeviceError("no CUDA GPU visible")
     import torch
     if not torch.cuda.is_available():
         raise NoDeviceError("no CUDA GPU visible")

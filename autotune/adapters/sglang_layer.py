@@ -100,9 +100,11 @@ def _build_world():
     from sglang.srt.runtime_context import SpawnRanks, get_context, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    # its own rendezvous, never the environment's MASTER_ADDR/MASTER_PORT: set there, the port was inherited
+    # by every process this one starts (a child's world then found it taken by this one: EADDRINUSE, and
+    # SGLang's `auto` unknown in the README main job run from a test process that had built a world)
+    init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                 local_rank=0, backend="gloo")
     reset_context()
     publish(ServerArgs(model_path="dummy"), role="autotune", ranks=SpawnRanks(world_rank=0))
     if parallel_state._WORLD is not None:     # publish starts a fresh context: keep the world group

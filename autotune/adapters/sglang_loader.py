@@ -102,10 +102,61 @@ def builtin_config_dir() -> str:
     return os.path.dirname(os.path.realpath(sglang_config_module().__file__))
 
 
+# SGLang's loader file imports torch, triton and three names of SGLang's; its loader functions use
+# none of them but those the device view replaces (the GPU's name, Triton's version, the shared
+# memory) and SGLang's published context, of which they read only whether deterministic inference is
+# on (off in the default ServerArgs `sglang_context` publishes). Run from its own source with those
+# names answered so, it costs no import of SGLang (6-10 s of CPU: sglang/__init__ pulls in torch and
+# transformers). Anything else it reaches raises, and the question is then asked of the loader
+# SGLang's import gives (`loader_answer`): the light loader answers where both can, never otherwise.
+_NOT_ANSWERED = ("sglang", "torch", "triton")
+
+
+@functools.lru_cache(maxsize=1)
+def light_config_module():
+    """SGLang's installed loader file, executed from its source without importing SGLang or torch.
+    ImportError where it cannot be: no SGLang here, a ROCm torch (the file's HIP branch), an
+    import the file gained that is not answered here."""
+    import builtins
+    import importlib.metadata as md
+    import types
+
+    path = _loader_file()
+    if path is None:
+        raise ImportError("SGLang's loader file is not installed here")
+    try:
+        if "rocm" in md.version("torch"):
+            raise ImportError("a ROCm build of torch: SGLang's loader takes its HIP branch")
+        triton_version = md.version("triton")
+    except md.PackageNotFoundError as e:
+        raise ImportError(f"{e} is not installed") from None
+    context = types.SimpleNamespace(deterministic=types.SimpleNamespace(enable_deterministic_inference=False))
+
+    def no_view(*a, **k):
+        raise RuntimeError("asked outside sglang_view")
+    answered = {"torch": types.SimpleNamespace(), "triton": types.SimpleNamespace(__version__=triton_version),
+                "sglang.srt.runtime_context": types.SimpleNamespace(get_exec=lambda: context),
+                "sglang.srt.utils": types.SimpleNamespace(get_device_name=no_view, is_hip=lambda: False),
+                _TRITON_UTILS: types.SimpleNamespace(get_config=lambda: None)}
+
+    def light_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name in answered:
+            return answered[name]
+        if level or name.partition(".")[0] in _NOT_ANSWERED:
+            raise ImportError(f"{name}: not answered without importing SGLang")
+        return builtins.__import__(name, globals, locals, fromlist, level)
+    mod = types.ModuleType(_CONFIG_MODULE)
+    mod.__file__ = path
+    mod.__dict__["__builtins__"] = {**vars(builtins), "__import__": light_import}
+    exec(compile(Path(path).read_text(), path, "exec"), mod.__dict__)
+    return mod
+
+
 @contextlib.contextmanager
-def sglang_view(device: DeviceInfo, config_dir: str | None = None):
+def sglang_view(device: DeviceInfo, config_dir: str | None = None, light: bool = False):
     """Run SGLang's config functions as they behave on `device` (its name, Triton version and
-    shared memory), reading configs from `config_dir` (default: SGLang's built-in folder).
+    shared memory), reading configs from `config_dir` (default: SGLang's built-in folder); `light`:
+    those of `light_config_module` (no SGLang imported).
 
     On the GPU itself the patches are no-ops; they let a replay or a planning run on the CPU
     answer "what would SGLang load on an H200 / RTX PRO 6000".
@@ -113,9 +164,7 @@ def sglang_view(device: DeviceInfo, config_dir: str | None = None):
     import logging
     import types
 
-    from sglang.srt import runtime_context as rc
-
-    mod = sglang_config_module()
+    mod = light_config_module() if light else sglang_config_module()
     log = logging.getLogger(mod.__name__)
     saved_level = log.level
     saved = {k: getattr(mod, k) for k in ("get_device_name", "triton", "_get_cuda_shared_memory_per_block_optin")}
@@ -129,8 +178,13 @@ def sglang_view(device: DeviceInfo, config_dir: str | None = None):
         mod.get_moe_configs.cache_clear()
         # Its "config file not found, using default" warning is the expected answer here.
         log.setLevel(logging.ERROR)
-        with rc.use_context(sglang_context()):
+        if light:
             yield mod
+        else:
+            from sglang.srt import runtime_context as rc
+
+            with rc.use_context(sglang_context()):
+                yield mod
     finally:
         log.setLevel(saved_level)
         for k, v in saved.items():
@@ -142,6 +196,18 @@ def sglang_view(device: DeviceInfo, config_dir: str | None = None):
         mod.get_moe_configs.cache_clear()
 
 
+def loader_answer(device: DeviceInfo, question, config_dir: str | None = None):
+    """`question(loader module)` inside the device view: the light loader's answer, or, where it
+    cannot give one, the answer (or the error a server would hit) of the loader SGLang's import gives."""
+    try:
+        with sglang_view(device, config_dir, light=True) as mod:
+            return question(mod)
+    except Exception:
+        pass
+    with sglang_view(device, config_dir) as mod:
+        return question(mod)
+
+
 # --- the answers the tuner asks for, remembered -----------------------------------------------
 
 def _block_shape(problem: Problem):
@@ -151,9 +217,8 @@ def _block_shape(problem: Problem):
 def sglang_default_config(problem: Problem, M: int, device: DeviceInfo) -> dict:
     """SGLang's default (no file) config at M on `device`, for both GEMMs alike."""
     def ask():
-        with sglang_view(device) as mod:
-            return dict(mod.get_default_config(M, problem.E, problem.N, problem.K, problem.top_k,
-                                               problem.sglang_dtype, False, _block_shape(problem)))
+        return loader_answer(device, lambda mod: dict(mod.get_default_config(
+            M, problem.E, problem.N, problem.K, problem.top_k, problem.sglang_dtype, False, _block_shape(problem))))
     return remembered(("default", _problem_key(problem), M, _device_key(device)), ask, _is_config)
 
 
@@ -161,14 +226,17 @@ def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: s
     """(gate_up config, down config, file found) exactly as SGLang's loader picks them at M."""
     folder = config_dir or builtin_config_dir()
 
-    def ask():
+    def question(mod):
         bs = _block_shape(problem)
-        with sglang_view(device, folder) as mod:
-            found = mod.get_moe_configs(problem.E, problem.N, problem.sglang_dtype,
-                                        bs[0] if bs else 0, bs[1] if bs else 0) is not None
-            up, (down, _) = mod.try_get_optimal_moe_config(
-                (problem.E, 2 * problem.N, problem.K), (problem.E, problem.K, problem.N), problem.top_k,
-                problem.sglang_dtype, M, block_shape=bs, return_down_config=True)
+        found = mod.get_moe_configs(problem.E, problem.N, problem.sglang_dtype,
+                                    bs[0] if bs else 0, bs[1] if bs else 0) is not None
+        up, (down, _) = mod.try_get_optimal_moe_config(
+            (problem.E, 2 * problem.N, problem.K), (problem.E, problem.K, problem.N), problem.top_k,
+            problem.sglang_dtype, M, block_shape=bs, return_down_config=True)
+        return up, down, found
+
+    def ask():
+        up, down, found = loader_answer(device, question, folder)
         up = dict(up)
         # SGLang runs the down GEMM with `down_config or config`; TMA only from a `_down` file.
         down = dict(down) if down else {k: v for k, v in up.items() if k != "USE_TMA"}
@@ -182,9 +250,8 @@ def sglang_selection(problem: Problem, M: int, device: DeviceInfo, config_dir: s
 
 def sglang_file_name(problem: Problem, device: DeviceInfo, down: bool = False) -> str:
     def ask():
-        with sglang_view(device) as mod:
-            return mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype, _block_shape(problem),
-                                            down_moe=down)
+        return loader_answer(device, lambda mod: mod.get_config_file_name(problem.E, problem.N, problem.sglang_dtype,
+                                                                   _block_shape(problem), down_moe=down))
     return remembered(("file_name", _problem_key(problem), down, _device_key(device)), ask,
                        lambda a: isinstance(a, str) and a.endswith(".json"))
 

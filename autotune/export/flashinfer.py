@@ -78,8 +78,8 @@ def sglang_cache_path(cache_dir: str | Path | None, server: ServerKey, rank: Ran
     if cache_dir is None:
         cache_dir = os.environ.get("SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang"))
     if flashinfer_version is None:
-        from autotune.adapters.flashinfer_tuner import version
-        flashinfer_version = version()
+        from autotune.adapters.flashinfer_cache import file_keys
+        flashinfer_version = file_keys()["version"]
     # sm is major*10+minor, and SGLang writes f"sm{major}{minor}": the same digits.
     return (Path(cache_dir) / "flashinfer" / "autotune" / flashinfer_version / f"sm{sm}" / server.folder()
             / rank.file_name())

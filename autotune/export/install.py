@@ -51,10 +51,8 @@ def model_facts(model_path: str) -> ModelFacts:
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
         return ModelFacts()
-    from transformers import AutoConfig
-
     try:
-        cls = type(AutoConfig.from_pretrained(str(cfg_path.parent))).__name__
+        cls = _config_class(cfg_path)
         raw = load_json(cfg_path)
         text, names = text_section(raw, cfg_path)
     except ConfigError as e:
@@ -71,6 +69,34 @@ def model_facts(model_path: str) -> ModelFacts:
     except InstallError as e:
         quantization, unknown = None, str(e)
     return ModelFacts(cls, quantization, True, count("num_attention_heads"), count(names["num_experts"]), unknown)
+
+
+def _config_class(cfg_path: Path) -> str:
+    """transformers' config class of the model folder's config.json, remembered per content and
+    transformers release (with SGLang's loader answers: autotune.adapters.sglang_loader.remembered),
+    so a later install imports no transformers (3-5 s of CPU) for it."""
+    import hashlib
+
+    from autotune.adapters.sglang_loader import remembered
+
+    def ask():
+        from transformers import AutoConfig
+
+        return type(AutoConfig.from_pretrained(str(cfg_path.parent))).__name__
+    question = ("hf_config_class", _versions("transformers"), hashlib.sha256(cfg_path.read_bytes()).hexdigest())
+    return remembered(question, ask, lambda a: isinstance(a, str) and a != "")
+
+
+def _versions(*dists: str) -> list:
+    import importlib.metadata as md
+
+    out = []
+    for d in dists:
+        try:
+            out.append(md.version(d))
+        except md.PackageNotFoundError:
+            out.append(None)
+    return out
 
 
 def _quantization_name(q: dict | None, where) -> str | None:
@@ -168,7 +194,8 @@ def _server_key(folder: Path, server: ServerFlags) -> ServerKey:
         moe_runner_backend, runner_from = _from_server_args(folder), f"{folder / 'server_args.yaml'}: moe-runner-backend"
     # Every value enters the hash of the folder SGLang reads: one SGLang would never resolve names a
     # folder no server reads, so each is checked against SGLang's own lists, wherever it came from.
-    sglang = _sglang_values()
+    stack = _stack_values()
+    sglang = stack["flags"]
     _server_value("--moe-runner-backend", moe_runner_backend, sglang["--moe-runner-backend"], runner_from)
     if moe_runner_backend == MEGAMOE:
         raise InstallError(f"{runner_from or '--moe-runner-backend'} {MEGAMOE}: SGLang names that runner's files by "
@@ -176,8 +203,8 @@ def _server_key(folder: Path, server: ServerFlags) -> ServerKey:
                            "server tune it")
     if quantization is not None:
         _server_value("--quantization", quantization, sglang["--quantization"], also=", or 'none'")
-    dtype = _torch_dtype(server.dtype, sglang["--dtype"])
-    _one_of("--hf-config-class", hf_config_class, _config_classes(),
+    dtype = _torch_dtype(server.dtype, sglang["--dtype"], stack["dtypes"])
+    _one_of("--hf-config-class", hf_config_class, stack["config_classes"],
             "a config class transformers or SGLang defines (the server's hf_config class)")
     return ServerKey(server.model_path, dtype, quantization, moe_runner_backend, hf_config_class, server.parallel,
                      server.skip_ops)
@@ -202,6 +229,22 @@ def _check_parallel(par: Parallel, facts: ModelFacts) -> None:
                            + ": a rank without one head is not a layout SGLang runs")
     if facts.experts and ep > facts.experts:
         raise InstallError(f"--ep {ep} is above the model's {facts.experts} experts")
+
+
+def _stack_values() -> dict:
+    """What install checks a server's values against, as the installed SGLang, transformers and torch
+    answer: SGLang's values of the flags its cache hash holds ("flags"), the config class names a
+    server's model can have ("config_classes"), the torch dtype each --dtype value names ("dtypes":
+    str of it, None where torch has none). Remembered with SGLang's loader answers, keyed by SGLang's
+    install and the transformers and torch releases: asked once per installed stack, so a later
+    install imports none of them (SGLang's import alone is 6-10 s of CPU)."""
+    from autotune.adapters.sglang_loader import remembered
+
+    def ask():
+        flags = _sglang_values()
+        return {"flags": flags, "config_classes": _config_classes(), "dtypes": _torch_dtypes(flags["--dtype"])}
+    return remembered(("install", _versions("transformers", "torch")), ask,
+                      lambda a: isinstance(a, dict) and set(a) == {"flags", "config_classes", "dtypes"})
 
 
 @functools.cache
@@ -241,18 +284,27 @@ def _server_value(flag: str, value: str, valid, label: str | None = None, also: 
     _one_of(label or flag, value, valid, f"a value {_sglang_name()}'s {flag} takes", also)
 
 
-def _torch_dtype(dtype: str, choices: list[str]):
-    """The torch dtype a server started with `--dtype dtype` runs (str() of it enters SGLang's
-    hash, as torch.float16 also for SGLang's alias half): what torch names it."""
+def _torch_dtypes(choices: list[str]) -> dict[str, str | None]:
+    """str() of the torch dtype each of SGLang's --dtype values names (what SGLang's hash holds, as
+    torch.float16 also for SGLang's alias half); None for one torch does not spell so."""
     import torch
 
+    out = {}
+    for c in choices:
+        got = getattr(torch, c, None)
+        out[c] = str(got) if isinstance(got, torch.dtype) else None
+    return out
+
+
+def _torch_dtype(dtype: str, choices: list[str], torch_names: dict) -> str:
+    """The torch dtype (as str() gives it) a server started with `--dtype dtype` runs."""
     resolved = [c for c in choices if c != "auto"]
     if dtype == "auto" and "auto" in choices:
         raise InstallError("--dtype auto is resolved by the server from the checkpoint: pass the dtype it "
                            f"resolves (one of {', '.join(resolved)})")
     _server_value("--dtype", dtype, resolved)
-    got = getattr(torch, dtype, None)
-    if not isinstance(got, torch.dtype):      # an alias of a later SGLang that torch does not spell so
+    got = torch_names.get(dtype)
+    if got is None:                           # an alias of a later SGLang that torch does not spell so
         raise InstallError(f"--dtype {dtype!r} is not a torch dtype name: pass the torch dtype the server "
                            "resolves it to")
     return got

@@ -30,15 +30,16 @@ HOPPER_AND_UP = frozenset({90, 100, 103, 110, 120, 121})
 
 
 @functools.cache
-def _declared(package: str) -> tuple:
+def _declared(package: str, asking: bool = True) -> tuple:
     from autotune.families.runner import discover
-    return tuple(discover(package))
+    return tuple(discover(package, asking=asking))
 
 
-def runners(family: str | None = None) -> list:
-    """Every declared runner (of one backend family, or of all of them)."""
+def runners(family: str | None = None, asking: bool = True) -> list:
+    """Every declared runner (of one backend family, or of all of them); `asking=False`: only those
+    a module declares, none made from an installed package's list (runner.discover)."""
     names = registry.names(registry.BACKENDS) if family is None else (family,)
-    return [r for f in names for r in _declared(registry.get(f).runners) if r.family == f]
+    return [r for f in names for r in _declared(registry.get(f).runners, asking) if r.family == f]
 
 
 @dataclass
@@ -112,16 +113,19 @@ def availability(b, device: DeviceInfo, check_imports: bool = True) -> Availabil
     return Availability(b, True, expected=expected_failure(b, device) or "")
 
 
-def backends(family: str) -> list:
+def backends(family: str, asking: bool = True) -> list:
     if family not in registry.names(registry.BACKENDS):
         raise KeyError(f"unknown kernel family {family!r}; known: {', '.join(registry.names(registry.BACKENDS))}")
-    return runners(family)
+    return runners(family, asking)
 
 
 def get(family: str, name: str):
-    for b in backends(family):
-        if b.name == name:
-            return b
+    """The runner `name` of `family`: a module's declaration first, so SGLang is asked for its list
+    only for a name no module declares."""
+    for asking in (False, True):
+        for b in backends(family, asking):
+            if b.name == name:
+                return b
     raise KeyError(f"unknown backend {name!r} for {family}; known: {', '.join(b.name for b in backends(family))}")
 
 

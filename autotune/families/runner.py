@@ -83,16 +83,19 @@ class Runner:
         raise NotImplementedError(f"{self.family}/{self.name}: {self.not_implemented or 'no launch'}")
 
 
-def discover(package: str, skip: tuple = ()) -> list[Runner]:
+def discover(package: str, skip: tuple = (), asking: bool = True) -> list[Runner]:
     """The runners declared by the modules of `package` (but the modules named in `skip`), in
-    module-name order."""
+    module-name order. `asking=False` leaves out those a module makes by asking an installed package
+    on first access (a module `__getattr__` for RUNNERS: moe_backends/sglang_listed.py asks SGLang's
+    list of the flag's values), so nothing but the package's own modules is imported."""
     pkg = importlib.import_module(package)
     found: list[Runner] = []
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name in skip:
             continue
         mod = importlib.import_module(f"{package}.{info.name}")
-        found.extend(getattr(mod, "RUNNERS", ()) or ([mod.RUNNER] if hasattr(mod, "RUNNER") else []))
+        runners = getattr(mod, "RUNNERS", ()) if asking else vars(mod).get("RUNNERS", ())
+        found.extend(runners or ([mod.RUNNER] if "RUNNER" in vars(mod) else []))
     return found
 
 

@@ -1,11 +1,14 @@
-"""One holder at a time of a thing on disk (a tuned folder, a run name of a SQLite storage): an flock on a
-lock file next to the thing itself, removed by its holder when done.
+"""One process's exclusive lock: an flock on a lock file, the file removed again when the lock is let go.
+Where the lock file lies is the caller's: next to the thing it guards (a tuned folder, a SQLite storage), never in
+the temp folder, where two commands with different TMPDIRs (two shells, a container and its host) took two locks
+for one folder and both measured.
 
-Next to the thing, not in the temp folder: two commands with different TMPDIRs (two shells, a container
-and its host) took two locks for one folder, both measured, and the loser's change was left aside. The
-lock dies with its process (a killed holder leaves a file nobody holds: the next one takes it). The
-holder removes the file while it still holds it; a process that opened the file just before must not
-then hold a lock nobody else can see, so a lock is only taken on the file the name still names.
+The flock dies with its process, so a killed holder never leaves a stale lock (its file may stay; the
+next holder takes it over). The file is removed when its holder lets go, so a finished command leaves
+no lock files behind (issue 44: every run left two in the temp folder). Removing it races with a
+process that opened the file just before: that one may then lock a file no path names any more while
+another makes and locks a new one. So a lock counts only where the path still names the file locked;
+else it is taken again on the file the path names now.
 """
 from __future__ import annotations
 
@@ -15,35 +18,43 @@ import os
 from pathlib import Path
 
 
-class Busy(RuntimeError):
-    """Another process holds the lock; the text is what it wrote there (`pid N`)."""
+class Busy(Exception):
+    """Another process holds the lock; `holder` is what its file says of it ("" before it wrote anything)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder or "another process")
+        self.holder = holder
 
 
-def acquire(path: Path) -> int:
-    """Hold the lock file `path` (made where missing, in a folder that exists); Busy where another
-    process holds it. Returns the descriptor to `release`."""
+def _names(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def take(path: str | Path, holder: str) -> int:
+    """An open descriptor holding the lock on `path`, the file now saying `holder`; Busy where another
+    process holds it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            said = os.pread(fd, 200, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise Busy(holder) from None
-        try:
-            here, named = os.fstat(fd), os.stat(path)
-            current = (here.st_dev, here.st_ino) == (named.st_dev, named.st_ino)
-        except FileNotFoundError:
-            current = False
-        if current:
+            raise Busy(said) from None
+        if _names(Path(path), fd):
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+            os.pwrite(fd, holder.encode(), 0)
             return fd
-        os.close(fd)             # its holder removed it meanwhile: take the one the name names now
+        os.close(fd)           # let go and removed meanwhile: lock the file the path names now
 
 
-def release(fd: int, path: Path) -> None:
-    """Remove the lock file, then let the lock go (in that order: see the module doc)."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def release(path: str | Path, fd: int) -> None:
+    """Let go of a lock `take` gave: its file removed first (while still held, so nobody takes the removed
+    file for the current one), then the descriptor closed with its flock."""
+    with contextlib.suppress(OSError):       # gone already, or another user's file in a sticky folder
+        if _names(Path(path), fd):
+            os.unlink(path)
     os.close(fd)

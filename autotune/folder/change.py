@@ -100,7 +100,7 @@ class FolderChange:
         self._made = [p for p in (self.folder.parent, *self.folder.parent.parents) if not p.exists()]
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = locks.acquire(self.lock_path)
+            self._fd = locks.take(self.lock_path, f"pid {os.getpid()}")
         except locks.Busy as e:
             self._remove_made()
             raise RunLocked(f"another autotune command ({e}) is writing into {self.given}; wait for it to "
@@ -120,7 +120,7 @@ class FolderChange:
             self.staging = None
         _ACTIVE.pop(self.folder, None)
         if self._fd is not None:
-            locks.release(self._fd, self.lock_path)
+            locks.release(self.lock_path, self._fd)       # the flock goes with it, and its file
             self._fd = None
         self._remove_made()
 

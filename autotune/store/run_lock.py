@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 
 from autotune.fileio import locks
 
@@ -47,13 +48,13 @@ def run_lock(storage, url: str, run: str):
         return
     path = file.parent / f".{file.name}.run-{key[:16]}.lock"
     try:
-        fd = locks.acquire(path)
+        fd = locks.take(path, f"pid {os.getpid()}")
     except locks.Busy as e:
         raise RunLocked(_message(url, run, str(e))) from None
     try:
         yield
     finally:
-        locks.release(fd, path)
+        locks.release(path, fd)        # the flock goes, and the file with it
 
 
 @contextlib.contextmanager

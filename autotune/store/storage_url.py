@@ -22,7 +22,6 @@ from urllib.parse import unquote
 DRIVER_OPTIONS = ("timeout", "detect_types", "check_same_thread", "cached_statements", "uri")
 URI_PARAMETERS = ("mode", "immutable", "cache", "vfs", "psow", "nolock", "modeof")
 _READ_ONLY_MODES = ("ro",)
-_TRUE = ("1", "yes", "true", "on")
 
 
 class StorageUrlError(ValueError):
@@ -144,10 +143,31 @@ def _sqlite_uri(url: str, filename: str) -> StorageTarget:
         raise StorageUrlError(f"has mode={mode}: SQLite's modes are ro, rw, rwc and memory")
     if mode == "memory" or path == ":memory:" or not path:
         return StorageTarget(url, "sqlite", in_memory=True)
-    read_only = ("mode=ro" if mode in _READ_ONLY_MODES else
-                 "immutable=" + params["immutable"] if params.get("immutable", "").lower() in _TRUE else None)
+    immutable = "immutable" in params and sqlite_immutable(params["immutable"])
+    read_only = "mode=ro" if mode in _READ_ONLY_MODES else "immutable=" + params["immutable"] if immutable else None
     return StorageTarget(url, "sqlite", file=Path(os.path.abspath(path)), read_only=read_only,
                          creates=mode in (None, "rwc"))
+
+
+def sqlite_immutable(value: str) -> bool:
+    """Whether SQLite reads a URI file name's `immutable=value` as true (the database then read-only),
+    asked of SQLite itself on a database of its own in a temporary folder: its boolean rule is its own
+    (1, yes, true, on in any case, and also any number it reads as a nonzero byte, `2` among them)."""
+    import sqlite3
+    import tempfile
+    from urllib.parse import quote
+
+    with tempfile.TemporaryDirectory(prefix="autotune-sqlite-") as d:
+        probe = os.path.join(d, "probe.db")
+        sqlite3.connect(probe).close()
+        c = sqlite3.connect(f"file:{quote(probe)}?immutable={quote(value, safe='')}", uri=True)
+        try:
+            c.execute("CREATE TABLE t (x)")
+            return False
+        except sqlite3.OperationalError as e:
+            return "readonly" in str(e)
+        finally:
+            c.close()
 
 
 def _secrets(url: str) -> list[str]:

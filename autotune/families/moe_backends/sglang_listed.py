@@ -12,6 +12,8 @@ sweep would also launch runners whose H200 behaviour is not yet seen in a device
 would change what the README's replayed main job prints (moe_bf16 is part of it)."""
 from __future__ import annotations
 
+import functools
+
 from autotune.families.moe_backends import SglangMoe
 
 FAMILY = "moe_fp4"
@@ -38,4 +40,14 @@ def listed_runners(family: str = FAMILY) -> tuple:
                  for v in MOE_RUNNER_BACKEND_CHOICES if v not in NOT_A_RUNNER and v not in declared)
 
 
-RUNNERS = listed_runners()
+def __getattr__(name: str):
+    """RUNNERS, made on first access (SGLang's list asked then: runner.discover leaves it out where it
+    is told not to ask, as a command reading a tuned folder is)."""
+    if name == "RUNNERS":
+        return _listed()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _listed() -> tuple:
+    return listed_runners()

@@ -62,6 +62,14 @@ def write_side(root: str | Path, name: str, problem, device, pairs: dict) -> str
     return str(folder)
 
 
+def layer_tolerance(dtype: str) -> float:
+    """The layer's relative error allowed against its float32 reference: the MoE runner family's of that dtype
+    (bf16 0.02, block FP8 0.08: activations quantized per 128-group inside the layer)."""
+    from autotune.families.moe_backends import MoeBf16, MoeFp8
+
+    return (MoeBf16 if dtype == "bf16" else MoeFp8).tol
+
+
 class LayerTimer:
     """One MoE problem served by SGLang's `fused_experts` on this GPU (the function its Triton runner calls for a
     layer's experts): one layer's experts made once (the family's own weights, in the layout that runner holds:
@@ -131,13 +139,11 @@ class LayerTimer:
 
     def error(self, folder: str | None, M: int) -> float:
         """The side's relative error against the float32 layer (LayerError where it is wrong)."""
-        from autotune.families.moe_backends import MoeBf16, MoeFp8
         from autotune.measure.timing import check_output
 
         ref = self.inputs(M)[3]
-        tol = (MoeBf16 if self.problem.dtype == "bf16" else MoeFp8).tol
         t0 = time.perf_counter()
-        ok, reason, err = check_output(self.launch(folder, M)(0), ref, tol)
+        ok, reason, err = check_output(self.launch(folder, M)(0), ref, layer_tolerance(self.problem.dtype))
         self.held_s += time.perf_counter() - t0
         if not ok:
             up, down = self.loads(folder, M)
