@@ -49,19 +49,21 @@ def test_a_lock_file_removed_under_a_late_opener_is_never_held_twice(tmp_path, m
     locks.release(path, third)
 
 
-def test_a_run_lock_and_a_folder_lock_leave_no_file_in_the_temp_folder(tmp_path, monkeypatch):
+def test_a_run_lock_and_a_folder_lock_lie_beside_what_they_guard_and_leave_no_file(tmp_path, monkeypatch):
+    """Beside the storage and the folder, never in the temp folder (two TMPDIRs took two locks for one folder),
+    and gone once let go."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     url = f"sqlite:///{tmp_path / 's.db'}"
     with run_lock(None, url, "r"):
-        assert [p.name for p in (tmp_path / "tmp").iterdir()][0].startswith("autotune-run-")
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")][0].startswith(".s.db.run-")
         with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):
             with run_lock(None, url, "r"):
                 pass
     change = FolderChange(tmp_path / "out" / "NVIDIA_H200").lock()
-    assert change.lock_path.exists()
+    assert change.lock_path.exists() and change.lock_path.parent == tmp_path / "out"
     change.release()
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list((tmp_path / "tmp").iterdir()) == [] and not list(tmp_path.rglob("*.lock"))
 
 
 @pytest.mark.slow
