@@ -72,9 +72,11 @@ class KernelFamily(Protocol):
     #   config_order     its config keys in the order its files write them; config_switches: the keys
     #                    written only when on (autotune.families.registry.key_order)
     #   select(tuner, top, careful_repeats) -> {M: Choice}: per M, its finalists re-measured, the winner
-    #   export_targets(out, device, problems, sku_names): every file export would write, checked before
-    #                    anything is measured
-    #   export(out, device, problem, choices, run_info) -> {"files", "kept", "missing"}: its files written
+    #   export_targets(folder, problems): every file export would write into the tuned folder
+    #                    (autotune.folder.tuned.TunedFolder), checked before anything is measured
+    #   export(folder, problem, choices, run_info) -> {"files", "kept", "missing"}: its files written
+    #   after_export(folder, attempt): what goes beside the files once they are in (SKU copies, SGLang's
+    #                    shipped overlay), each step run by `attempt` so its failure loses nothing measured
 
     # Optional: `clock`, a callable returning seconds, that Triton's CPU interpreter timings read in
     # place of the wall clock (which says nothing about speed there): a family whose launches declare

@@ -139,11 +139,6 @@ def choices_problem(doc) -> str | None:
     return first_error(BackendChoices, doc)
 
 
-def provenance_problem(doc) -> str | None:
-    """Why `doc` is not a provenance.json autotune reads; None when it is."""
-    return first_error(Provenance, doc)
-
-
 def config_folder(triton) -> str:
     """The folder, relative to a device folder, SGLang looks in for configs made with `triton`."""
     return f"configs/triton_{'unknown' if triton is None else str(triton).replace('.', '_')}"

@@ -3,20 +3,20 @@ confirm the picks as SGLang runs the layer (on a GPU), write SGLang's files, the
 shipped files and the other SKU names beside them."""
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
 
 from autotune.errors import NothingDone, UsageError
-from autotune.folder.change import real, tuned_folder
 from autotune.run.context import Step
 from autotune.run.sinks import after_search
 
 
 @dataclass
 class ConfigSearch(Step):
-    """The Triton-config families' plans. Its check: the --device-name values, then (a run that writes)
-    every file the export will write is one autotune may overwrite."""
+    """The Triton-config families' plans. Its check (a run that writes): every file the export will write into
+    the tuned folder is one autotune may overwrite."""
     plans: list = field(default_factory=list)
     wrote: bool = False
 
@@ -80,12 +80,11 @@ def backend_choice_s(ctx) -> float:
 def check_config_files(ctx, plans) -> None:
     from autotune.errors import ExportError
 
-    skus = sku_names(ctx)
     if ctx.plan_only:
         return
     try:
         for fp in plans:
-            fp.family.export_targets(ctx.request.out, ctx.device, fp.problems, skus)
+            fp.family.export_targets(ctx.folder, fp.problems)
     except ExportError as e:
         raise UsageError(str(e)) from None
 
@@ -119,43 +118,8 @@ def search_family(ctx, fp) -> bool:
             after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
                          (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
     if wrote:
-        after_search(ctx.sinks.summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                     ctx, family, folder_step=True)
+        family.after_export(ctx.folder, functools.partial(after_search, ctx.sinks.summary))
     return wrote
-
-
-def sku_names(ctx) -> tuple[str, ...]:
-    """--device-name values, checked before anything is measured."""
-    from autotune.export.skus import SkuError, check_name
-    from autotune.gpus.catalog import same_product
-
-    device, names = ctx.device, []
-    for raw in ctx.request.device_name or ():
-        try:
-            name = check_name(raw)
-        except SkuError as e:
-            raise UsageError(str(e)) from None
-        if same_product(device.name, name) is False:
-            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
-                             "measured there")
-        if name.replace(" ", "_") in (n.replace(" ", "_") for n in names):   # one file name: written twice
-            raise UsageError(f"--device-name {name!r} is given twice; each SKU is written once")
-        names.append(name)
-    return tuple(names)
-
-
-def overlay(ctx, family) -> None:
-    from autotune.families.triton_moe.overlay import overlay_shipped
-    from autotune.export.skus import copy_for_skus
-
-    device = ctx.device
-    folder = tuned_folder(ctx.request.out, device)
-    skus = sku_names(ctx)
-    for path in copy_for_skus(folder, device.name, list(skus)):
-        print(f"  wrote {real(path)} (same configs, for another SKU)")
-    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
-    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
-          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
 class Phases:
@@ -202,12 +166,12 @@ def select_and_export(ctx, tuner, t0, phases=None) -> bool:
                 "warm_start": req.warm_start, "warm_start_configs": tuner.warm_queued,
                 "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
                           for M, (n, f) in trials.items()}}
-    written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, req.out, device, p,
-                           choices, run_info, folder_step=True)
+    written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, ctx.folder, p,
+                           choices, run_info, writes=ctx.folder)
     phases.done("files")
     if written is None:
         return False
-    written["files"] = [real(f) for f in written["files"]]
+    written["files"] = [ctx.folder.real(f) for f in written["files"]]
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} configs measured "
           f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
           f"included), device time {clock.device_s():.0f} s")

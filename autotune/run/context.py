@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autotune.errors import UsageError
 from autotune.run.requests import TuneRequest
@@ -37,14 +36,9 @@ class RunContext(SearchContext):
     plans: list = field(default_factory=list)     # autotune.run.plan.FamilyPlan per requested family
     memory: object = None         # the GPU memory plan (autotune.gpus.memory_plan), None off a GPU
     options: dict = field(default_factory=dict)   # family -> what its protocol object is built with
-    change: object = None         # the tuned folder's change (autotune.folder.change.FolderChange)
+    folder: object = None         # the tuned folder (autotune.folder.tuned.TunedFolder): its paths, provenance, change
     problems_left: int = 0        # the config searches' problems not yet searched (they share what is left of --budget)
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)   # pool, locks, the change
-
-    def tuned_folder(self):
-        """The device's folder under --out, as the user names it (the change stages a copy of it)."""
-        return Path(self.request.out) / self.device.file_name
-
 
 class Step:
     """One step of a command. `check`: its preconditions, before any step runs, changing nothing;

@@ -5,7 +5,6 @@ measuring pool is a step's (autotune.run.workers)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from autotune.errors import UsageError
 from autotune.families import registry
@@ -144,7 +143,9 @@ def family_options(req, device, skip: str | None = None) -> dict:
     (autotune.families.registry.RUN_OPTIONS); `skip`: --skip-backends."""
     from autotune.families import registry
 
-    tuned = str(Path(req.out or "tuned_configs") / device.file_name)
+    from autotune.folder.tuned import TunedFolder
+
+    tuned = str(TunedFolder.under(req.out or "tuned_configs", device).given)
     skip = skipped_backends(skip or "")
     given = {"space_path": req.search_space, "sglang_versions": targets(req), "triton_config_dir": tuned}
     return {name: {k: skip.get(name, ()) if k == "skip" else given[k] for k in registry.get(name).options}
@@ -200,13 +201,14 @@ def drifted_plan(ctx, folder):
     """--only-drifted FOLDER: the Triton MoE problems of the folder's files that no longer fit this
     machine or the target SGLang releases (autotune check's reasons), each with its batch sizes."""
     from autotune.problems import models
-    from autotune.folder.check import CheckError, file_drift, read_provenance
+    from autotune.folder.check import CheckError, file_drift
+    from autotune.folder.tuned import TunedFolder
     from autotune.families.protocol import get_family
     from autotune.run.plan import family_plan
 
     device = ctx.device
     try:
-        prov = read_provenance(folder)
+        prov = TunedFolder(folder).recorded()
         drift = file_drift(prov, targets(ctx.request), None if device.is_replay else device)
     except CheckError as e:
         raise UsageError(f"--only-drifted: {e}") from None

@@ -2,11 +2,12 @@
 selection and files written from the storage (`autotune export`)."""
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
 from autotune.errors import NothingDone, UsageError
-from autotune.run.config_search import check_config_files, overlay, select_and_export
+from autotune.run.config_search import check_config_files, select_and_export
 from autotune.run.context import Step
 from autotune.run.sinks import after_search
 
@@ -41,7 +42,7 @@ class SharedSearch(Step):
 class ExportStudy(Step):
     """`autotune export`: select per M (top candidates re-measured on this device or replay) and write
     the files, from a shared study. Refuses a study short of its trials unless --partial. Its check:
-    something to tune, the --device-name values, every file it writes ours to overwrite; what it reads
+    something to tune, every file it writes ours to overwrite; what it reads
     in the storage is checked as the storage is opened, before the claim (`studies_there`)."""
     partial: bool = False
 
@@ -70,8 +71,7 @@ class ExportStudy(Step):
         if not wrote and not summary.failures:
             raise NothingDone("no config ran correctly at any batch size in the study: nothing exported")
         if wrote:
-            after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                         ctx, plan.family, folder_step=True)
+            plan.family.after_export(ctx.folder, functools.partial(after_search, summary))
 
 
 def studies_there(storage, plan, run: str, partial: bool) -> None:

@@ -20,13 +20,31 @@ class SglangMoeFiles:
         from autotune.families.triton_moe.pairs import select_problem
         return select_problem(tuner, top, careful_repeats)
 
-    def export_targets(self, out, device, problems, sku_names=()) -> None:
+    def export_targets(self, folder, problems) -> None:
         from autotune.families.triton_moe.export import export_targets
-        export_targets(out, device, problems, sku_names)
+        export_targets(folder, problems)
 
-    def export(self, out, device, problem, choices: dict, run: dict) -> dict:
+    def export(self, folder, problem, choices: dict, run: dict) -> dict:
         from autotune.families.triton_moe.export import export_problem
-        return export_problem(out, device, problem, choices, run, self.sglang_versions)
+        return export_problem(folder, problem, choices, run, self.sglang_versions)
+
+    def after_export(self, folder, attempt) -> None:
+        """Once a problem's files are in: the same files under the folder's other SKU names, then SGLang's
+        shipped files for every other shape of the GPU beside ours (SGLANG_MOE_CONFIG_DIR replaces SGLang's
+        own folder: autotune.families.triton_moe.overlay)."""
+        attempt("SGLang's shipped files and the SKU copies beside the tuned files", self._lay_beside, folder,
+                writes=folder)
+
+    def _lay_beside(self, folder) -> None:
+        from autotune.export.skus import copy_for_skus
+        from autotune.families.triton_moe.overlay import overlay_shipped
+
+        for path in copy_for_skus(folder):
+            print(f"  wrote {folder.real(path)} (same configs, for another SKU)")
+        rec = overlay_shipped(folder, self.sglang_versions)
+        print(f"  SGLang {rec['sglang']}'s shipped files for {folder.device.name}: {len(rec['files'])} copied beside "
+              f"ours (SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json "
+              "says why)")
 
     @staticmethod
     def file_problem(doc, entry: dict | None, name: str) -> str | None:
