@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.problems.selection import problems, shared_notes
 from autotune.folder.tuned import TunedFolder
 
@@ -21,7 +21,7 @@ def shapes(sel, target_sm=None) -> list[str]:
     lines: list[str] = []
     from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
 
     exp = problems(sel)
     fam = get_family(registry.default(), space_path=sel.search_space)
@@ -129,7 +129,7 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
     what each needs: the exact limits `check` then uses for that architecture."""
     lines: list[str] = []
     from autotune.gpus import device as devmod
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.families.triton_moe.cross_compile import record
 
     try:

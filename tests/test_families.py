@@ -1,5 +1,5 @@
 """Each kernel family is declared once, by its own class, and found where it is declared
-(autotune/families/registry.py): a new one is one package, installed beside autotune, that names itself in
+(autotune/contract/registry.py): a new one is one package, installed beside autotune, that names itself in
 the entry-point group autotune.families. The toy backend family of tests/toy_gemm/ and the toy config
 family of tests/toy_moe_configs/ are each plugged in so (a distribution's metadata on sys.path, as pip
 installs one), measured on this CPU by the measuring code a worker runs, and their recordings replayed by
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from autotune.families import capabilities, registry
+from autotune.contract import capabilities, registry
 from autotune.cli import main
 from autotune.gpus.device import cpu_interpreter
-from autotune.families.protocol import get_family
+from autotune.contract.protocol import get_family
 from autotune.measure.timing import noise
 from autotune.measure.records import Cache, write_cache
 
@@ -129,7 +129,7 @@ def record_configs_on_this_cpu(path):
     from autotune.measure.measurer import Measurer
     from autotune.measure.tasks import Settings, Task
     from tests.toy_moe_configs import GEMMS, SPACE
-    from autotune.families.spaces import Space
+    from autotune.contract.spaces import Space
 
     measurer = Measurer(Settings(family="toy_moe", on_cpu=True, routings=1, repeats=3), None)
     (model,) = models.select_models(model="qwen3.5-35b-a3b")
@@ -149,7 +149,7 @@ def record_configs_on_this_cpu(path):
 
 
 def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
-    from autotune.families.spaces import Space
+    from autotune.contract.spaces import Space
     from tests.toy_moe_configs import DEFAULT, SPACE
 
     with monkeypatch.context() as plugged:

@@ -1,4 +1,5 @@
-"""A tuned folder changes as one (autotune/folder/change.py, held through its handle autotune/folder/tuned.py): a write that fails anywhere in a command's
+"""A tuned folder changes as one (autotune/folder/change.py, held through its handle autotune/folder/tuned.py): a
+write that fails anywhere in a command's
 change set leaves the folder byte-identical; one writer at a time; a folder changed by another hand
 while a run measured is not swapped over."""
 import errno

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.families.capabilities import Availability
+from autotune.contract.capabilities import Availability
 from autotune.cli import main
-from autotune.families.runner import Runner
+from autotune.contract.runner import Runner
 from autotune.measure.timing import MIN_EFFECT, noise
 from autotune.measure.records import read_cache, write_cache
 from autotune.search.server_choice import ServerChoice, server_choice

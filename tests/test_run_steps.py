@@ -54,3 +54,15 @@ def test_no_step_imports_the_pipeline_or_the_opening():
     assert len(steps) >= 10
     assert {m: sorted(edges[m] & above) for m in steps if edges[m] & above} == {}
     assert "autotune.run.pipeline" in edges["autotune.api"]
+
+
+def test_run_names_no_family():
+    """The steps loop over a family's hooks (autotune.contract.protocol): no module of run/ names a family, nor
+    a key or a GEMM of one (the fused MoE's body lives in its package, behind its hooks)."""
+    import re
+
+    words = re.compile(r"triton_moe|BLOCK_SIZE\w*|gate_up")
+    found = {str(p.relative_to(PACKAGE.parent)): sorted(set(words.findall(p.read_text())))
+             for p in sorted((PACKAGE / "run").glob("*.py"))}
+    assert len(found) >= 10
+    assert {p: words for p, words in found.items() if words} == {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.families import registry as registry
+from autotune.contract import registry as registry
 from autotune.search.sieve import MIXES, ServerChoice
 from autotune.gpus.device import DeviceInfo, utc_now
 from autotune.folder.tuned import TunedFolder
@@ -58,7 +58,7 @@ def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
     values = rec.get("sglang_values")
     if values is not None:
         return values.get(backend)
-    from autotune.families import capabilities as table     # files from before sglang_values were stored
+    from autotune.contract import capabilities as table     # files from before sglang_values were stored
 
     try:
         return table.get(family, backend).sglang_value

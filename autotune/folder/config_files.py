@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from autotune.fileio.writing import sha256
 from autotune.fileio.names import DeviceName, PlainText, TritonVersion, Version, plain_text_problem
 from autotune.measure.recording_header import KINDS
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.fileio.reading import first_error, load_json
 
 

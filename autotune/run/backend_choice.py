@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.errors import NothingDone, UsageError
 from autotune.run.context import Step
 

@@ -63,7 +63,7 @@ def load_warm_start(path):
     configs are those of the config family the commands that name none work on."""
     if not path:
         return None
-    from autotune.families import registry
+    from autotune.contract import registry
     from autotune.search.warm_start import WarmStartError, load
     try:
         warm = load(path, registry.get(registry.default()).cls)

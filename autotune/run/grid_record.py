@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.run.context import Step
 
 
@@ -33,7 +33,7 @@ class RecordGrid(Step):
 
 
 def record_grid(ctx, path: str, old, shard) -> None:
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.measure.records import Cache, write_cache
     from autotune.measure.tasks import run_tasks
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.problems.selection import selection
 from autotune.run.plan import by_step, phase_name
 
@@ -53,8 +53,8 @@ def open_device(ctx, kernels=None, target=None, drifted=None, skip=None) -> None
         if any(g >= device.gpu_count for g in gpus):
             raise UsageError(f"--gpus {req.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
     if not req.replay and device.kind != "planned":
-        from autotune.families.triton_moe.tma import tma_supported
-        device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
+        device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions,
+                                                                       "triton_tma": local_gpu.triton_has_tma()}})
     ctx.device, ctx.cache, ctx.gpus = device, cache, gpus
     ctx.options = family_options(req, device, skip)
     ctx.expansion, ctx.plans = plan_families(ctx, kernels, drifted)
@@ -83,7 +83,7 @@ def run_name(req, device) -> str:
 def memory_plan(req, device, gpus: list[int], plans):
     """The GPU memory plan (autotune.gpus.memory_plan) of a GPU here or a catalog GPU planned for; None on the
     CPU. A problem one worker (with the run's own layer check) cannot hold is left out, with why."""
-    from autotune.families import registry
+    from autotune.contract import registry
     from autotune.gpus import memory_plan as gm
     from autotune.gpus.catalog import find
 
@@ -140,8 +140,8 @@ def footprint(family, problem, device, routings: int):
 
 def family_options(req, device, skip: str | None = None) -> dict:
     """family -> what its protocol object is built with: the run settings its registry entry names
-    (autotune.families.registry.RUN_OPTIONS); `skip`: --skip-backends."""
-    from autotune.families import registry
+    (autotune.contract.registry.RUN_OPTIONS); `skip`: --skip-backends."""
+    from autotune.contract import registry
 
     from autotune.folder.tuned import TunedFolder
 
@@ -155,8 +155,8 @@ def family_options(req, device, skip: str | None = None) -> dict:
 def skipped_backends(text: str) -> dict:
     """family -> backends --skip-backends leaves out there: NAME in every family that has it,
     FAMILY:NAME in that family only (moe_bf16:flashinfer_cutlass keeps the NVFP4 one)."""
-    from autotune.families.capabilities import runners
-    from autotune.families.registry import BACKENDS, names
+    from autotune.contract.capabilities import runners
+    from autotune.contract.registry import BACKENDS, names
 
     FAMILIES = names(BACKENDS)
     out: dict = {f: [] for f in FAMILIES}
@@ -203,7 +203,7 @@ def drifted_plan(ctx, folder):
     from autotune.problems import models
     from autotune.folder.check import CheckError, file_drift
     from autotune.folder.tuned import TunedFolder
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.run.plan import family_plan
 
     device = ctx.device

@@ -16,7 +16,7 @@ import dataclasses
 from pathlib import Path
 
 from autotune.errors import Incomplete, UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.run import opening
 from autotune.run.claim import ClaimStorage
 from autotune.run.context import RunContext, search_settings

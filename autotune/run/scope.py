@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.families import registry
-from autotune.families.capabilities import runners
+from autotune.contract import registry
+from autotune.contract.capabilities import runners
 from autotune.run.context import Step
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
@@ -179,4 +179,4 @@ def default_scope_note(req) -> list[str]:
     if not said:
         return []
     return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
-            "--kernels triton_moe, or bound it with --budget 1h"]
+            f"--kernels {registry.default()}, or bound it with --budget 1h"]

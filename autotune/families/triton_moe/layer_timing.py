@@ -77,7 +77,7 @@ class LayerTimer:
     folder handed to SGLang's loader around that side's launches."""
 
     def __init__(self, problem, device, *, routings: int = 10, seed: int = 3, replays: int = 7, flush: str = "read"):
-        from autotune.families.triton_moe import TritonMoe, compute_dtype
+        from autotune.families.triton_moe.inputs import compute_dtype, expert_weights
 
         if device.kind != "gpu":
             raise LayerError("SGLang's fused MoE runs on a GPU only: the layer is not timed here")
@@ -89,9 +89,8 @@ class LayerTimer:
         self.flush = flush
         self.held_s = 0.0         # seconds checking and timing on the GPU (the run's pace counts them)
         self._last_timed = float("-inf")
-        fam = TritonMoe()
-        up = fam.weights(problem, "gate_up", seed, "cuda", compute_dtype(problem, False))
-        down = fam.weights(problem, "down", seed, "cuda", compute_dtype(problem, False))
+        up = expert_weights(problem, "gate_up", seed, "cuda", compute_dtype(problem, False))
+        down = expert_weights(problem, "down", seed, "cuda", compute_dtype(problem, False))
         self.weights = (up[0], up[1], down[0], down[1])
         self.dequant = (up[2], down[2])
         self._inputs: dict = {}
@@ -103,7 +102,7 @@ class LayerTimer:
             import torch
 
             from autotune.adapters.moe_checkpoint import reference
-            from autotune.families.triton_moe import random_routing
+            from autotune.families.triton_moe.inputs import random_routing
 
             self._inputs = {}
             p = self.problem
