@@ -193,3 +193,30 @@ def test_only_the_fused_moe_family_names_its_keys_and_its_name():
     named = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if package not in path.parents
              for n, line in enumerate(path.read_text().splitlines(), 1) if "BLOCK_SIZE_M" in line or '"triton_moe"' in line]
     assert len(list(package.glob("*.py"))) > 3 and named == []
+
+
+def required_hooks(protocol) -> set[str]:
+    """The names a family must have to answer `protocol` (autotune.contract.protocol): its annotated attributes
+    and its methods, less those the protocol marks optional (the core asks for them with getattr)."""
+    import inspect
+    from typing import Protocol
+
+    names = set()
+    for cls in protocol.__mro__:
+        if cls in (Protocol, object) or Protocol not in cls.__mro__:
+            continue
+        names |= set(getattr(cls, "__annotations__", {}))
+        names |= {n for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")
+                  and not (f.__doc__ or "").startswith("Optional")}
+    return names
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_family_in_the_tree_answers_its_protocol(name):
+    """The core calls a family only through the hooks of its protocol: each family has every one of them."""
+    from autotune.contract.protocol import BackendChoiceFamily, ConfigFamily
+
+    family = get_family(name)
+    protocol = ConfigFamily if registry.get(name).step == registry.CONFIGS else BackendChoiceFamily
+    assert {"select", "confirm", "export", "flag", "runner"} & required_hooks(protocol)    # read from the protocol
+    assert sorted(h for h in required_hooks(protocol) if not hasattr(family, h)) == []

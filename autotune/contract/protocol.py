@@ -38,9 +38,6 @@ class KernelFamily(Protocol):
     def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
         """Why `config` must not be launched (before any compile), or None."""
 
-    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
-        """Why a measured `config` must not be written for the run's target SGLang releases, or None."""
-
     def baselines(self, problem, M: int, device: DeviceInfo) -> dict[str, dict[str, dict]]:
         """What SGLang runs untuned: {"default": {gemm: config}, "shipped": {...}}."""
 
@@ -150,6 +147,9 @@ class ConfigFamily(KernelFamily, Protocol):
     config_order: tuple[str, ...]       # its config keys in the order its files write them
     config_switches: tuple[str, ...]    # the keys written only when on (autotune.contract.registry.key_order)
     sglang_versions: tuple[str, ...]    # the SGLang releases its files must run in
+
+    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
+        """Why a measured `config` must not be written for the run's target SGLang releases, or None."""
 
     def select(self, tuner, top: int, careful_repeats: int) -> dict[int, Any]:
         """Per M, its finalists re-measured and the winner ({M: autotune.search.finalists.Choice}); `tuner`: the
