@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 
 from autotune.contract import registry
 from autotune.errors import NothingDone, UsageError
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
 @dataclass
 class BackendChoice(Step):
     """The backend families' plans. Its check (a run that writes): the folder's earlier choices can be
     merged with this run's, and FlashInfer's files there are ours to replace."""
+    needs = ("request", "device", "sinks", "plan_only", "plans", "pool", "storage", "run_name", "folder")
     plans: list = field(default_factory=list)
     mix: str = "decode"                 # the workload the one backend per server is chosen for
     checkpoint: str | None = None       # the family whose choice server_args.yaml gives as --checkpoint's

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from autotune.errors import NothingDone, UsageError
-from autotune.run.context import Step
+from autotune.run.step import Step
 from autotune.run.sinks import after_search
 
 
@@ -20,6 +20,10 @@ class ConfigSearch(Step):
     the tuned folder is one autotune may overwrite."""
     plans: list = field(default_factory=list)
     wrote: bool = False
+    problems_left: int = 0      # the problems not yet searched: they share what is left of --budget
+    needs = ("request", "device", "settings", "sinks", "plan_only", "plans", "cache", "pool", "storage", "run_name",
+             "folder")
+    provides = ("clock",)
 
     def check(self, ctx) -> None:
         check_config_files(ctx, self.plans)
@@ -34,9 +38,41 @@ class ConfigSearch(Step):
         if hasattr(ctx.pool, "use_phase"):
             ctx.pool.use_phase(phase_name(registry.CONFIGS))
         ctx.clock = Clock(ctx.pool)       # a replay's budget counts the search's recorded device time, from here
-        ctx.problems_left = sum(len(fp.problems) for fp in self.plans)
+        self.problems_left = sum(len(fp.problems) for fp in self.plans)
         for fp in self.plans:
-            self.wrote |= search_family(ctx, fp)
+            self.wrote |= self.search_family(ctx, fp)
+
+    def search_family(self, ctx, fp) -> bool:
+        """Search, select and export each problem of `fp`; True when a file was written for one of them."""
+        from autotune.search.study import ProblemTuner
+
+        family, record = fp.family, ctx.sinks.record
+        wrote = False
+        for p in fp.problems:
+            t0 = time.monotonic()
+            ctx.settings.ends_at = problem_end(ctx, self.problems_left)
+            self.problems_left -= 1
+            phases = Phases()
+            with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
+                                        p.key) as bar:
+                tuner = ProblemTuner(ctx, p, family, progress=bar)
+                bar.update(sum(s.asked for s in tuner.slots.values()))
+                phases.done("studies opened")
+                tuner.measure_baselines()
+                phases.done("baselines")
+                tuner.search()
+                phases.done("search")
+            if ctx.settings.ends_at is not None and not any(sl.asks_here for sl in tuner.slots.values()):
+                print(f"  --budget left no time to search {p.key}: the start and the baselines took "
+                      f"{time.monotonic() - t0:.0f} s of it and the finalists' checks need the rest; its files hold the "
+                      "faster of SGLang's own configs per batch size (a larger --budget searches)")
+            wrote |= select_and_export(ctx, tuner, t0, phases)
+            if record.path:
+                after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
+                             (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
+        if wrote:
+            family.after_export(ctx.folder, functools.partial(after_search, ctx.sinks.summary))
+        return wrote
 
     def nothing_done(self, ctx) -> Exception:
         """Why the run ends without a file of these families (the lines above say what each problem lacked)."""
@@ -51,9 +87,9 @@ class ConfigSearch(Step):
 FINISH_S = 6.0
 
 
-def problem_end(ctx) -> float | None:
+def problem_end(ctx, problems_left: int) -> float | None:
     """On a GPU with --budget (the run's wall time from the process's start): when this problem's files must be
-    written, the time left shared equally by the problems left, less what the backend choice after them is
+    written, the time left shared equally by the `problems_left`, less what the backend choice after them is
     estimated to take (autotune.run.scope). None elsewhere: a replay's budget is its recorded device seconds."""
     from autotune.search.context import process_started
 
@@ -61,7 +97,7 @@ def problem_end(ctx) -> float | None:
     if budget is None or ctx.device.kind != "gpu":
         return None
     end = process_started() + budget - FINISH_S - backend_choice_s(ctx)
-    return time.monotonic() + max(0.0, end - time.monotonic()) / max(1, ctx.problems_left)
+    return time.monotonic() + max(0.0, end - time.monotonic()) / max(1, problems_left)
 
 
 def backend_choice_s(ctx) -> float:
@@ -88,39 +124,6 @@ def check_config_files(ctx, plans) -> None:
             fp.family.export_targets(ctx.folder, fp.problems)
     except ExportError as e:
         raise UsageError(str(e)) from None
-
-
-def search_family(ctx, fp) -> bool:
-    """Search, select and export each problem of `fp`; True when a file was written for one of them."""
-    from autotune.search.study import ProblemTuner
-
-    family, record = fp.family, ctx.sinks.record
-    wrote = False
-    for p in fp.problems:
-        t0 = time.monotonic()
-        ctx.settings.ends_at = problem_end(ctx)
-        ctx.problems_left -= 1
-        phases = Phases()
-        with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
-                                    p.key) as bar:
-            tuner = ProblemTuner(ctx, p, family, progress=bar)
-            bar.update(sum(s.asked for s in tuner.slots.values()))
-            phases.done("studies opened")
-            tuner.measure_baselines()
-            phases.done("baselines")
-            tuner.search()
-            phases.done("search")
-        if ctx.settings.ends_at is not None and not any(sl.asks_here for sl in tuner.slots.values()):
-            print(f"  --budget left no time to search {p.key}: the start and the baselines took "
-                  f"{time.monotonic() - t0:.0f} s of it and the finalists' checks need the rest; its files hold the "
-                  "faster of SGLang's own configs per batch size (a larger --budget searches)")
-        wrote |= select_and_export(ctx, tuner, t0, phases)
-        if record.path:
-            after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
-                         (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
-    if wrote:
-        family.after_export(ctx.folder, functools.partial(after_search, ctx.sinks.summary))
-    return wrote
 
 
 class Phases:

@@ -13,6 +13,10 @@ from autotune.run.plan import by_step, phase_name
 
 from autotune.gpus.memory_plan import WORKERS_PER_GPU
 
+# The context's fields the opening fills, before any step runs (autotune.run.step.check_order); a replay's pool
+# too, which the Workers step then holds as it holds a pool it starts.
+PROVIDES = ("device", "cache", "gpus", "options", "expansion", "plans", "memory", "run_name")
+
 
 def open_device(ctx, kernels=None, target=None, drifted=None, skip=None) -> None:
     """The replay cache or the local GPU(s), the plan of every requested family on it and the GPU memory

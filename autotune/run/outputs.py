@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
 class HoldFolder(Step):
@@ -14,6 +14,8 @@ class HoldFolder(Step):
     files are also written under: nothing on disk) and checks that the folder can be written and that no
     single-file output names it, another output or a path under a file; it runs by taking the folder's
     one-writer lock and staging its change."""
+    needs = ("request", "device", "sinks", "plan_only", "held")
+    provides = ("folder",)
 
     def check(self, ctx) -> None:
         from autotune.folder.tuned import TunedFolder

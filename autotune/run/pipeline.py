@@ -19,10 +19,11 @@ from autotune.errors import Incomplete, UsageError
 from autotune.contract import registry
 from autotune.run import opening
 from autotune.run.claim import ClaimStorage
-from autotune.run.context import RunContext, search_settings
+from autotune.run.context import COMMAND, RunContext, search_settings
 from autotune.run.outputs import HoldFolder
 from autotune.run.requests import ExportRequest, RecordRequest, RunRequest, RunResult, WorkerRequest
 from autotune.run.sinks import Sinks, after_search
+from autotune.run.step import check_order
 from autotune.run.workers import Workers
 
 
@@ -102,8 +103,10 @@ def family_steps(ctx, req: RunRequest) -> list:
 
 
 def check(ctx, steps) -> None:
-    """Every precondition, before anything runs: the sinks' files first (--record, --json), then each
+    """Every precondition, before anything runs: the steps' order (each has what it needs from the command, the
+    opening or a step before it: autotune.run.step.check_order), the sinks' files (--record, --json), then each
     step's in the order they run."""
+    check_order(steps, (*COMMAND, *opening.PROVIDES))
     ctx.sinks.check(ctx)
     for step in steps:
         step.check(ctx)

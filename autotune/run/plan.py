@@ -15,7 +15,7 @@ from autotune.errors import UsageError
 from autotune.contract import registry
 from autotune.problems import models
 from autotune.problems.selection import Selection
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
 class PlanError(ValueError):
@@ -163,6 +163,7 @@ def left_out_lines(plans, unrecorded: bool = True) -> list[str]:
 class SayPlan(Step):
     """The run's first words once it holds its storage and folder: the device, what is left out and
     why, and the problems that share one SGLang file. Its check: something to tune."""
+    needs = ("request", "device", "kernels", "expansion", "plans")
 
     def check(self, ctx) -> None:
         refuse_nothing_to_tune(ctx.plans)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autotune.contract import registry
 from autotune.contract.capabilities import runners
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
 CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
@@ -134,6 +134,7 @@ def _time(s: float) -> str:
 
 class SayScope(Step):
     """The scope and the GPU memory plan, said as the run starts (after the pool, before the storage)."""
+    needs = ("request", "device", "cache", "plans", "memory")
 
     def run(self, ctx) -> None:
         for line in scope_lines(ctx):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from autotune.errors import NothingDone, UsageError
 from autotune.run.config_search import check_config_files, select_and_export
-from autotune.run.context import Step
+from autotune.run.step import Step
 from autotune.run.sinks import after_search
 
 
@@ -16,6 +16,8 @@ class SharedSearch(Step):
     """`autotune worker`: search the run's studies together with any number of other workers (any
     hosts) sharing the storage; stops when every study has its trials. Selection and files: `export`.
     Its check: something to tune here."""
+    needs = ("device", "settings", "sinks", "plans", "pool", "storage", "run_name")
+    provides = ("clock",)
 
     def check(self, ctx) -> None:
         fp = ctx.plans[0]
@@ -44,6 +46,8 @@ class ExportStudy(Step):
     the files, from a shared study. Refuses a study short of its trials unless --partial. Its check:
     something to tune, every file it writes ours to overwrite; what it reads
     in the storage is checked as the storage is opened, before the claim (`studies_there`)."""
+    needs = ("request", "device", "settings", "sinks", "plan_only", "plans", "pool", "storage", "run_name", "folder")
+    provides = ("clock",)
     partial: bool = False
 
     def check(self, ctx) -> None:
