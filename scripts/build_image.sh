@@ -55,7 +55,9 @@ mkdir -p "$(dirname "$freeze")"
 {
   echo "# pip freeze of the image $tag (scripts/build_image.sh)."
   echo "# Built FROM $built_on ($from); build args: ${extra[*]:-none}."
-  "$rt" run --rm --network host --entrypoint pip "$tag" freeze --exclude-editable
+  # --all: setuptools is a requirement too (torch's), which a plain freeze leaves out (and a lock without it let the
+  # venv's own older setuptools fail pip check); pip itself is the venv's, not the stack's
+  "$rt" run --rm --network host --entrypoint pip "$tag" freeze --all --exclude pip --exclude-editable
 } > "$freeze.part"
 mv "$freeze.part" "$freeze"
 echo "build_image.sh: built $tag in ${build_s} s; size $(awk -v b="$size" 'BEGIN { printf "%.2f GB", b / 1e9 }'); $version"

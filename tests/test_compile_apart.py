@@ -95,3 +95,29 @@ def test_every_task_is_built_apart_first_and_a_failed_build_is_never_a_verdict(t
     built = sorted(f.name for f in tmp_path.iterdir() if f.name.startswith("built-"))
     assert built == ["built-ok-ok-1", "built-ok-ok-2", "built-ok-ok2-1", "built-ok-ok2-2"]
     assert pace.builds_lost == 2 and pace.measurements == 2 * len(builds)
+
+
+def test_a_task_waiting_behind_a_crash_or_a_hang_is_measured_and_not_blamed(tmp_path, monkeypatch):
+    """With builders, a worker holds a second task behind the one it measures (so it never waits for this process
+    between tasks). When the task it measures crashes its process or hangs it, only that task fails; the one
+    waiting behind it never started, goes back first in the queue, and is measured right on the new worker."""
+    monkeypatch.setenv("FAULTY_STATE", str(tmp_path))
+    settings = Settings(family="tests.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
+    modes = {"a": "ok", "b": "crash", "c": "ok", "d": "hang", "e": "ok", "f": "ok"}
+    behind = []
+    with WorkerPool(settings, n_workers=1, timeout_s=6, building=Building(2, 90)) as pool:
+        real_send = pool._send
+
+        def send(slot, task, Ms):
+            behind.append(slot.task is not None)
+            real_send(slot, task, Ms)
+        pool._send = send
+        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": m, "build": b}, [1, 2])
+                          for b, m in modes.items()])
+        replaced = pool.replaced
+    assert any(behind), "no task was handed to a worker behind the one it measured"
+    assert set(out) == set(modes)
+    for b, mode in modes.items():
+        want = {"ok": {records.OK}, "crash": {records.CRASH}, "hang": {records.TIMEOUT}}[mode]
+        assert {m.status for m in out[b].values()} == want, (b, out[b])
+    assert replaced == 2

@@ -280,3 +280,28 @@ def test_no_compose_service_restarts_without_bound_and_the_replay_deployment_nee
         src = (ROOT / "deploy" / mounts["/recordings"] / args.replay.removeprefix("/recordings/"))
         assert src.is_file(), src
     assert {build_parser().parse_args(s["command"]).study for s in replay.values()} == {"qwen35-replay"}
+
+
+def test_every_file_the_dockerfile_copies_is_sent_to_the_engine():
+    """.dockerignore sends the engine nothing but what the Dockerfile reads: a COPY of a file it filters out
+    fails the build at that step ("no items matching glob ... filtered out"), as the image's lock once did."""
+    import fnmatch
+    import re
+
+    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+
+    def sent(path: str) -> bool:
+        keep = True
+        for rule in rules:                       # the last matching rule decides, as the engines read the file
+            pattern = rule.lstrip("!").rstrip("/")
+            if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/"):
+                keep = rule.startswith("!")
+        return keep
+    copied = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            copied += [p for p in line.split()[1:-1] if not p.startswith("--")]
+        copied += re.findall(r"type=bind,source=([^,\s]+)", line)
+    assert copied and all((ROOT / p).exists() for p in copied), copied
+    assert [p for p in copied if not sent(p)] == []

@@ -165,6 +165,7 @@ class _Slot:
     conn: object = None
     ready: bool = False
     task: Task | None = None
+    behind: list = field(default_factory=list)  # (task, Ms) sent behind `task`: the worker goes on to them itself
     pending_Ms: list = field(default_factory=list)
     current_M: int | None = None
     results: list = field(default_factory=list)
@@ -227,6 +228,7 @@ class WorkerPool:
         slot.idle_since = None
 
     def _kill(self, slot: _Slot) -> None:
+        self._put_back_behind(slot)
         if slot.proc is not None and slot.proc.is_alive():
             try:
                 os.kill(slot.proc.pid, signal.SIGKILL)
@@ -265,6 +267,16 @@ class WorkerPool:
     def _free(self) -> list:
         return [s for s in self.slots if s.ready and s.task is None and not s.retiring]
 
+    def _takes_behind(self) -> list:
+        """Workers that take built tasks behind the one they measure, READY_PER_WORKER at most: they wait in the
+        worker's pipe, so the worker goes on while this process asks and stores for the search (on one measuring
+        process a GPU, those seconds left the GPU idle between tasks: 1054 measurements in a 150 s run on the
+        H100 without, 1661 with one task behind)."""
+        if self.builders is None:
+            return []
+        return [s for s in self.slots if s.ready and s.task is not None and len(s.behind) < READY_PER_WORKER
+                and not s.retiring and not s.fatal]
+
     def idle(self) -> int:
         """Tasks the pool takes now. Without builders: workers free (retries of resource failures go first).
         With builders: as many as keep every builder busy and READY_PER_WORKER built tasks waiting for each
@@ -274,10 +286,10 @@ class WorkerPool:
         workers = sum(1 for s in self.slots if not s.retiring)
         room = len(self.builders.slots) + READY_PER_WORKER * workers
         return max(0, room - self.builders.busy() - len(self._queue) - len(self._retries)
-                   - sum(1 for s in self.slots if s.task is not None))
+                   - sum((s.task is not None) + len(s.behind) for s in self.slots))
 
     def busy(self) -> int:
-        return (sum(1 for s in self.slots if s.task is not None) + len(self._retries) + len(self._queue)
+        return (sum((s.task is not None) + len(s.behind) for s in self.slots) + len(self._retries) + len(self._queue)
                 + (self.builders.busy() if self.builders is not None else 0))
 
     def measuring(self) -> int:
@@ -315,17 +327,33 @@ class WorkerPool:
         while self._queue and self._free():
             task, Ms = self._queue.pop(0)
             self._send(self._free()[0], task, Ms)
+        while self._queue and self._takes_behind():
+            task, Ms = self._queue.pop(0)
+            self._send(min(self._takes_behind(), key=lambda s: len(s.behind)), task, Ms)
 
     def _send(self, slot: _Slot, task: Task, Ms: list) -> None:
-        """Hand `task` at `Ms` to `slot` (a retry sends the same task with the Ms still owed)."""
-        slot.task, slot.pending_Ms, slot.results = task, list(Ms), []
-        slot.current_M, slot.last_beat = None, time.monotonic()
-        self._count_idle(slot)
+        """Hand `task` at `Ms` to `slot` (a retry sends the same task with the Ms still owed): to measure now, or
+        behind the task it measures."""
+        if slot.task is not None:
+            slot.behind.append((task, list(Ms)))
+        else:
+            self._start(slot, task, Ms)
+            self._count_idle(slot)
         tag, task.tag = task.tag, None
         try:
             slot.conn.send(task if Ms == task.Ms else dataclasses.replace(task, Ms=list(Ms)))
         finally:
             task.tag = tag
+
+    @staticmethod
+    def _start(slot: _Slot, task: Task, Ms: list) -> None:
+        """`task` at `Ms` is the one `slot`'s worker measures now (its messages are this task's)."""
+        slot.task, slot.pending_Ms, slot.results = task, list(Ms), []
+        slot.current_M, slot.last_beat = None, time.monotonic()
+
+    def _put_back_behind(self, slot: _Slot) -> None:
+        """The tasks waiting behind a worker that died or was killed never started: they go first in the queue."""
+        self._queue[0:0], slot.behind = slot.behind, []
 
     def poll(self, timeout: float = 0.1) -> list[tuple[Task, list[Measurement]]]:
         """Finished tasks (with one record per M each), waiting at most `timeout` seconds."""
@@ -435,7 +463,10 @@ class WorkerPool:
                 s.held_s, s.compile_s = msg[3], msg[4]
             task, results = s.task, s.results
             s.task, s.results, s.pending_Ms = None, [], []
-            s.idle_since = time.monotonic()
+            if s.behind:     # the worker has already begun the next one
+                self._start(s, *s.behind.pop(0))
+            else:
+                s.idle_since = time.monotonic()
             self.pace.measurements += len(results)
             self._complete(task, results, s.gpu, done)
 
