@@ -62,11 +62,10 @@ def faster(row: dict, a: str, b: str) -> bool:
 
 
 def _same(loaded, meant) -> bool:
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
-    up, down = meant
-    return (complete_entry(loaded[0]), complete_entry(loaded[1])) == (
-        complete_entry(up), complete_entry({**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]}))
+    up, down = (entry_config(c) for c in meant)
+    return (entry_config(loaded[0]), entry_config(loaded[1])) == (up, down.with_params(BLOCK_SIZE_M=up["BLOCK_SIZE_M"]))
 
 
 def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = REPEATS, root=None,

@@ -25,9 +25,9 @@ from autotune.folder.tuned import TunedFolder
 def _sglang_entry(config: dict) -> dict:
     """Every entry written names num_warps and num_stages (Triton's defaults where the config leaves them to
     Triton: SGLang's default config does), so a reader sees what runs."""
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
-    return complete_entry(config)
+    return entry_config(config).to_entry()
 
 
 def export_targets(tuned: TunedFolder, problems) -> None:

@@ -50,13 +50,14 @@ def write_side(root: str | Path, name: str, problem, device, pairs: dict) -> str
     from autotune.adapters.sglang_loader import sglang_file_name
     from autotune.fileio.writing import write_json
     from autotune.folder.config_files import config_folder
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
     folder = Path(root) / name
     files = folder / config_folder(device.versions.get("triton"))
     files.mkdir(parents=True, exist_ok=True)
-    up = {str(M): complete_entry(g) for M, (g, _) in sorted(pairs.items())}
-    down = {str(M): complete_entry({**d, "BLOCK_SIZE_M": g["BLOCK_SIZE_M"]}) for M, (g, d) in sorted(pairs.items())}
+    configs = {M: (entry_config(g), entry_config(d)) for M, (g, d) in sorted(pairs.items())}
+    up = {str(M): g.to_entry() for M, (g, _) in configs.items()}
+    down = {str(M): d.with_params(BLOCK_SIZE_M=g["BLOCK_SIZE_M"]).to_entry() for M, (g, d) in configs.items()}
     write_json(files / sglang_file_name(problem, device), up)
     write_json(files / sglang_file_name(problem, device, down=True), down)
     return str(folder)
