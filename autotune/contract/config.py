@@ -1,5 +1,5 @@
-"""A kernel config as one value, as Triton's `Config` is: the kernel's meta-parameters (BLOCK_SIZE_M, ...,
-USE_TMA) and the launch's num_warps and num_stages, always both. A dict is what a file holds (an entry of
+"""A kernel config as one value, as Triton's `Config` is: the kernel's meta-parameters (its tile sizes, its
+switches) and the launch's num_warps and num_stages, always both. A dict is what a file holds (an entry of
 SGLang's config files, a record's config): `KernelConfig.from_entry` reads one, `to_entry` writes one, in the
 families' key order (`canonical`), so two configs that launch the same kernel are one value.
 """
@@ -48,5 +48,5 @@ class KernelConfig:
         return dict(self.params)[name] if name not in LAUNCH else getattr(self, name)
 
     def with_params(self, **params) -> KernelConfig:
-        """This config with some meta-parameters changed (the down GEMM's BLOCK_SIZE_M is its gate_up's)."""
+        """This config with some meta-parameters changed (a second GEMM sharing a tile size with its first)."""
         return replace(self, params=tuple(canonical({**dict(self.params), **params}).items()))
