@@ -143,10 +143,11 @@ def _subclasses(cls) -> list:
 def test_each_step_reads_and_fills_only_the_context_fields_it_declares(tmp_path, monkeypatch):
     """A replay `run` (a config search and a backend choice), a `worker` and an `export` on a context that notes
     which step reads or sets which field: a step reads only what it needs or provides, and sets only what it
-    provides (what it declares is what it does: the order check means something)."""
+    provides (what it declares is what it does: the order check means something); a step's check reads only what
+    the command, the opening or an earlier step's check fills (every check runs before any step runs)."""
     import dataclasses
 
-    from autotune.run import backend_choice, config_search, context, grid_record, pipeline, scope, shared_study
+    from autotune.run import backend_choice, config_search, context, grid_record, opening, pipeline, scope, shared_study
     from autotune.run.step import Step
     from tests.conftest import GRID
 
@@ -158,17 +159,17 @@ def test_each_step_reads_and_fills_only_the_context_fields_it_declares(tmp_path,
     class Watched(context.RunContext):
         def __getattribute__(self, name):
             if name in fields and current:
-                seen.setdefault(current[-1], set()).add(("read", name))
+                seen.setdefault(current[-1][0], set()).add(("read", name, current[-1][1]))
             return super().__getattribute__(name)
 
         def __setattr__(self, name, value):
             if name in fields and current:
-                seen.setdefault(current[-1], set()).add(("set", name))
+                seen.setdefault(current[-1][0], set()).add(("set", name, current[-1][1]))
             super().__setattr__(name, value)
 
     def watched(cls, method):
         def call(self, ctx):
-            current.append(cls)
+            current.append((cls, method.__name__))
             try:
                 return method(self, ctx)
             finally:
@@ -187,7 +188,10 @@ def test_each_step_reads_and_fills_only_the_context_fields_it_declares(tmp_path,
     assert main(["export", *problem, "--out", str(tmp_path / "exported"), "--quiet"]) == 0
     assert {c.__name__ for c in seen} >= {"Workers", "HoldFolder", "ClaimStorage", "RunLock", "SayPlan", "SayScope",
                                           "ConfigSearch", "BackendChoice", "SharedSearch", "ExportStudy"}
-    undeclared = {cls.__name__: sorted(f"{how} {name}" for how, name in used
+    undeclared = {cls.__name__: sorted(f"{how} {name}" for how, name, _ in used
                                        if name not in (cls.provides if how == "set" else {*cls.needs, *cls.provides}))
                   for cls, used in seen.items()}
     assert {name: used for name, used in undeclared.items() if used} == {}
+    in_checks = {how: {name for used in seen.values() for h, name, phase in used if (h, phase) == (how, "check")}
+                 for how in ("read", "set")}
+    assert sorted(in_checks["read"] - {*context.COMMAND, *opening.PROVIDES} - in_checks["set"]) == []
