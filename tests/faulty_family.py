@@ -157,3 +157,18 @@ class OomBeforeLaunch(Faulty):
     def compile(self, config, inputs):
         if config["mode"] == "oom_compiling":
             raise self._oom()
+
+
+def run_all(pool, tasks, key="mode", limit=180):
+    """Every task through `pool` (submitted as it takes them, polled until none is busy): config[key] -> {M:
+    measurement}. Fails when the pool has not finished within `limit` seconds."""
+    import time
+
+    out, queue, t0 = {}, list(tasks), time.monotonic()
+    while queue or pool.busy():
+        assert time.monotonic() - t0 < limit, "pool did not finish"
+        while queue and pool.idle():
+            pool.submit(queue.pop(0))
+        for task, ms in pool.poll(timeout=0.2):
+            out[task.config[key]] = {m.M: m for m in ms}
+    return out

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from autotune.measure.builders import Building
 from autotune.measure.pool import WorkerPool
 from autotune.measure.tasks import Settings, Task
 from autotune.problems.models import Problem
+from tests.faulty_family import run_all
 
 pytestmark = pytest.mark.slow      # processes and real compiles
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,15 +67,8 @@ def test_stand_ins_specialise_as_the_measured_inputs():
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
 
 
-def _run(pool, tasks, limit=300):
-    out, queue, t0 = {}, list(tasks), time.monotonic()
-    while queue or pool.busy():
-        assert time.monotonic() - t0 < limit, "pool did not finish"
-        while queue and pool.idle():
-            pool.submit(queue.pop(0))
-        for task, ms in pool.poll(timeout=0.2):
-            out[task.config["build"]] = {m.M: m for m in ms}
-    return out
+def _run(pool, tasks):
+    return run_all(pool, tasks, key="build", limit=300)
 
 
 def test_every_task_is_built_apart_first_and_a_failed_build_is_never_a_verdict(tmp_path, monkeypatch):

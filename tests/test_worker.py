@@ -1,5 +1,4 @@
 """Worker isolation: each kind of failure fails its measurement with a reason; the pool survives."""
-import time
 
 import pytest
 
@@ -8,21 +7,11 @@ from autotune.measure.measurer import classify
 from autotune.problems.models import Problem
 from autotune.measure.tasks import Settings, Task
 from autotune.measure.pool import WorkerPool
+from tests.faulty_family import run_all
 
 pytestmark = pytest.mark.slow      # a pool of worker processes per test module
 
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
-
-
-def run_all(pool, tasks, limit=180):
-    out, queue, t0 = {}, list(tasks), time.monotonic()
-    while queue or pool.busy():
-        assert time.monotonic() - t0 < limit, "pool did not finish"
-        while queue and pool.idle():
-            pool.submit(queue.pop(0))
-        for task, ms in pool.poll(timeout=0.2):
-            out[task.config["mode"]] = {m.M: m for m in ms}
-    return out
 
 
 @pytest.fixture(scope="module")
