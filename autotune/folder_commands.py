@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.problems.selection import problems, shared_notes
-from autotune.folder.provenance import PROVENANCE
+from autotune.folder.tuned import TunedFolder
 
 
 # --- shapes ----------------------------------------------------------------------------------
@@ -21,7 +21,7 @@ def shapes(sel, target_sm=None) -> list[str]:
     lines: list[str] = []
     from autotune.adapters import local_gpu
     from autotune.gpus import device as devmod
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
 
     exp = problems(sel)
     fam = get_family(registry.default(), space_path=sel.search_space)
@@ -73,7 +73,7 @@ def publish(to, src=None, branch=None, path=None) -> list[str]:
 
     src = Path(src) if src else None
     if src is None:
-        found = [d for d in Path("tuned_configs").glob("*") if (d / PROVENANCE).exists()]
+        found = [d for d in Path("tuned_configs").glob("*") if TunedFolder(d).has_provenance()]
         if len(found) != 1:
             raise UsageError("say which tuned folder to publish with --from (found "
                              f"{', '.join(str(d) for d in found) or 'none'} under tuned_configs/)")
@@ -129,7 +129,7 @@ def compile_limits(sel, target_sm, out=None) -> list[str]:
     what each needs: the exact limits `check` then uses for that architecture."""
     lines: list[str] = []
     from autotune.gpus import device as devmod
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.families.triton_moe.cross_compile import record
 
     try:
@@ -177,32 +177,30 @@ def merge_choices(sources, out="tuned_configs") -> list[str]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; name the folder that holds <device>/server_args.yaml")
-    from autotune.folder.provenance import nested_problem
+    from autotune.folder.tuned import nested_problem
     if nested_problem(out):
         raise UsageError(nested_problem(out))
     import contextlib
 
     from autotune.gpus.device import DeviceInfo
     from autotune.errors import Incomplete
-    from autotune.folder.change import folder_change, real
-
     try:
         server_args.check_merge(sources, out)      # every source, before anything is written
         with contextlib.ExitStack() as stack:      # each device's folder changes as one
-            changes = {}
+            folders = {}
             for src in sources:
-                folder = out / DeviceInfo.from_dict(server_args.read_source(src)["device"]).file_name
-                if folder not in changes:
-                    changes[folder] = stack.enter_context(folder_change(folder))
-                    changes[folder].begin()
-            for src in sources:
-                path = real(server_args.merge_folder(src, out))
+                device = DeviceInfo.from_dict(server_args.read_source(src)["device"])
+                if device.file_name not in folders:
+                    folders[device.file_name] = stack.enter_context(TunedFolder.under(out, device).held())
+                    folders[device.file_name].begin()
+                tuned = folders[device.file_name]
+                path = tuned.real(server_args.merge_folder(src, tuned))
     except server_args.ChoicesError as e:
         raise UsageError(str(e)) from None
-    unchanged = [c.outcome for c in changes.values() if c.outcome]
+    unchanged = [f.outcome for f in folders.values() if f.outcome]
     if unchanged:
         raise Incomplete("; ".join(unchanged))
-    if not any(c.swapped for c in changes.values()):
+    if not any(f.swapped for f in folders.values()):
         return [f"nothing changed: {path} already holds the backend choices of {', '.join(sources)} (no file "
                 "rewritten)"]
     lines.append(f"merged the backend choices of {', '.join(sources)} -> {path}")

@@ -24,7 +24,7 @@ def replayed_tuner(settings, pool_class=None):
     memory: the stand-in for the GPU that the replay benchmarks share."""
     import optuna
 
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.problems.models import Problem
     from autotune.measure.records import read_cache
     from autotune.measure.replay import ReplayPool

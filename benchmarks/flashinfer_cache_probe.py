@@ -114,7 +114,7 @@ def main() -> int:
     from flashinfer.autotuner import AutoTuner, _tactic_to_json, autotune
 
     from autotune.families.fp8_gemm import Fp8Gemm
-    from autotune.families.runner import discover
+    from autotune.contract.runner import discover
     from autotune.measure.timing import noise, time_gpu
 
     try:

@@ -56,7 +56,7 @@ def one_process(order: list[str], M: int) -> list[dict]:
 
     from autotune.measure import timing
     from autotune.families.fp8_gemm import Fp8Gemm, per_tensor_x
-    from autotune.families.runner import discover
+    from autotune.contract.runner import discover
     from autotune.problems.models import GemmProblem
 
     problem = GemmProblem("attn_qkv+linear_in_proj_qkvz", 2560, 4096, "fp8_w8a8_block")

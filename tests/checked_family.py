@@ -17,7 +17,7 @@ tighter one).
 """
 from types import SimpleNamespace
 
-from autotune.families.spaces import Space
+from autotune.contract.spaces import Space
 from tests.faulty_family import Faulty
 
 
@@ -27,7 +27,7 @@ class CheckedOutputs(Faulty):
     spec = "tests.checked_family:CheckedOutputs"
 
     def __init__(self, like: str = "triton_moe", dtype: str = "bf16", as_gpu: bool = False):
-        from autotune.families.protocol import get_family
+        from autotune.contract.protocol import get_family
 
         self.like, self.dtype, self.as_gpu = get_family(like), dtype, as_gpu
 

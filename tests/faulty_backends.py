@@ -11,7 +11,7 @@ Backends (the SGLang --moe-runner-backend value each stands in for):
   no_module (triton_kernel)      fastest, but its launch cannot import its module on this machine
 
 A launch costs what SLEEP declares, on the family's own clock (the worker's timing reads it:
-autotune.families.protocol.KernelFamily.clock): which backend is faster is the declaration's, never a loaded
+autotune.contract.protocol.KernelFamily.clock): which backend is faster is the declaration's, never a loaded
 machine's. Only the hang waits for real, until its worker is killed.
 """
 import os
@@ -19,9 +19,9 @@ import signal
 import threading
 from types import SimpleNamespace
 
-from autotune.families.capabilities import Availability
-from autotune.families.runner import Runner
-from autotune.families.spaces import Space
+from autotune.contract.capabilities import Availability
+from autotune.contract.runner import Runner
+from autotune.contract.spaces import Space
 
 VALUES = {"nan_at_2": "flashinfer_trtllm", "zeros": "flashinfer_cutedsl", "crash": "deep_gemm", "hang": "cutlass",
           "good_fast": "flashinfer_cutlass", "good_slow": "triton", "missing": "marlin",

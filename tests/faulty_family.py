@@ -12,7 +12,7 @@ import signal
 import threading
 from types import SimpleNamespace
 
-from autotune.families.spaces import Space
+from autotune.contract.spaces import Space
 
 MODES = ("ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal", "oom_once",
          "cuda_oom_once", "oom_always")

@@ -19,10 +19,10 @@ the times that decide a test are the declared ones, whatever else the machine ru
 import warnings
 from dataclasses import dataclass
 
-from autotune.families.capabilities import Availability
+from autotune.contract.capabilities import Availability
 from autotune.families.moe_backends.flashinfer_cutlass import CutlassMoe
-from autotune.families.runner import FELL_BACK, Runner, exact_tactic
-from autotune.families.spaces import Space
+from autotune.contract.runner import FELL_BACK, Runner, exact_tactic
+from autotune.contract.spaces import Space
 from tests.faulty_backends import FaultyBackends
 
 SLEEP = {-1: 0.020, 0: 0.001, 1: 0.0005, 2: 0.0002, 3: 0.008, 4: 0.012}

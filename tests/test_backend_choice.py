@@ -10,6 +10,7 @@ from autotune.search.sieve import BackendTuner
 from autotune.search.server_choice import server_choice
 from autotune.gpus.device import DeviceInfo
 from autotune.export import server_args
+from autotune.folder.tuned import TunedFolder
 from autotune.problems.models import Problem
 from autotune.measure.tasks import Settings
 from autotune.measure.pool import WorkerPool
@@ -31,7 +32,7 @@ def run(tmp_path_factory):
         tuner.measure()
         choices = tuner.select()
     decode = server_choice(fam, DEVICE, [tuner], "decode")
-    path = server_args.write(tmp, DEVICE, [([decode], fam)], None, {})
+    path = server_args.write(TunedFolder.under(tmp, DEVICE), [([decode], fam)], None, {})
     return tuner, choices, decode, path
 
 

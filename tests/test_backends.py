@@ -1,7 +1,7 @@
 """The capability table: what may run where, with the reason for what may not."""
 import pytest
 
-from autotune.families import capabilities, registry
+from autotune.contract import capabilities, registry
 from autotune.gpus.device import DeviceInfo, SMEM_OPTIN
 
 
@@ -43,7 +43,7 @@ def test_sm120_predictions_are_the_hand_investigations_findings():
 
 def test_a_known_failure_is_a_prediction_never_a_gate():
     """A backend whose declaration says it fails here is still launched: the outcome decides."""
-    from autotune.families.runner import Runner
+    from autotune.contract.runner import Runner
 
     doomed = Runner("moe_fp4", "doomed", "flashinfer_cutedsl", "test", sms=frozenset({100}),
                     known_failures=((frozenset({120}), "NaN on SM120"),))
@@ -190,14 +190,14 @@ def test_a_backend_is_one_module_its_family_discovers(tmp_path, monkeypatch):
     """Adding a backend is one file: a module of the family's package that declares its runner."""
     import sys
 
-    from autotune.families.runner import Runner, discover
+    from autotune.contract.runner import Runner, discover
 
     pkg = tmp_path / "plugged"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "a_one.py").write_text("from autotune.families.runner import Runner\n"
+    (pkg / "a_one.py").write_text("from autotune.contract.runner import Runner\n"
                                   "RUNNER = Runner('fp8_gemm', 'one', None, 'test', sms=frozenset({90}))\n")
-    (pkg / "b_two.py").write_text("from autotune.families.runner import Runner\n"
+    (pkg / "b_two.py").write_text("from autotune.contract.runner import Runner\n"
                                   "RUNNERS = (Runner('moe_bf16', 'two', 'triton', 't'), Runner('moe_fp8', 'two', None, 't'))\n")
     (pkg / "helpers.py").write_text("X = 1\n")      # a module without a runner is not one
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -210,8 +210,8 @@ def test_a_backend_is_one_module_its_family_discovers(tmp_path, monkeypatch):
 
 def test_every_backend_sglang_offers_is_launched_and_unbuilt_ones_say_why():
     """No runner SGLang can select is a declaration only; what is not launched says why."""
-    from autotune.families.protocol import get_family
-    from autotune.families.runner import Runner
+    from autotune.contract.protocol import get_family
+    from autotune.contract.runner import Runner
 
     declared = {(r.family, r.name) for r in capabilities.runners()}
     assert ("fp8_gemm", "triton") in declared and ("moe_fp4", "flashinfer_trtllm") in declared

@@ -169,13 +169,13 @@ def test_sglangs_loader_reads_each_file(tmp_path):
     """The loader step on its own: a file SGLang's loader would not find under its name is drift."""
     import shutil
 
-    from autotune.folder.check import read_provenance
+    from autotune.folder.tuned import TunedFolder
     from autotune.families.triton_moe.schema import sglang_loads
     from autotune.folder.config_files import file_problems
 
     folder = tmp_path / "NVIDIA_H200"
     shutil.copytree(FOLDER, folder)
-    prov = read_provenance(folder)
+    prov = TunedFolder(folder).recorded()
     assert file_problems(folder, prov, sglang_loads) == {}
     entry = prov["files"][Path(BF16).name]
     entry["device"] = "NVIDIA B200"          # SGLang looks for device_name=NVIDIA_B200: not this file

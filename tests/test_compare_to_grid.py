@@ -10,7 +10,8 @@ spec.loader.exec_module(compare_to_grid)
 
 
 def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h200, qwen397_bf16, capsys):
-    from autotune.families.triton_moe.export import config_dir, export_problem
+    from autotune.families.triton_moe.export import export_problem
+    from autotune.folder.tuned import TunedFolder
     from autotune.search.finalists import Choice
 
     (pk, _), = grid_cache.problems.items()
@@ -18,7 +19,7 @@ def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h
     for M in qwen397_bf16.batch_sizes:
         up, down = compare_to_grid.grid_best_pair(grid_cache, pk, M)
         choices[M] = Choice.pair(M, (up.config, down.config), (up.time_us, down.time_us), "tuned")
-    export_problem(tmp_path, h200, qwen397_bf16, choices, run={})
+    export_problem(TunedFolder.under(tmp_path, h200), qwen397_bf16, choices, run={})
     folder = tmp_path / h200.file_name
     assert compare_to_grid.main(["--configs", str(folder), "--grid", str(GRID)]) == 0
     rows = compare_to_grid.compare(folder, GRID)
@@ -28,7 +29,7 @@ def test_grid_best_files_pass_and_a_worse_entry_is_named(tmp_path, grid_cache, h
 
     # M=8 written with M=1's pair: SGLang loads it at M=8, and the check names M=8 alone.
     import json
-    for name in [p for p in config_dir(tmp_path, h200).iterdir() if p.suffix == ".json"]:
+    for name in [p for p in TunedFolder.under(tmp_path, h200).config_dir().iterdir() if p.suffix == ".json"]:
         d = json.loads(name.read_text())
         d["8"] = d["1"]
         name.write_text(json.dumps(d))

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.measure import records
-from autotune.families.protocol import get_family
+from autotune.contract.protocol import get_family
 from autotune.measure.timing import check_output
 from autotune.measure.measurer import Measurer
 from autotune.problems.models import TRITON_DTYPES, Problem

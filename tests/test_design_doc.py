@@ -50,7 +50,7 @@ def test_the_table_parser_reads_tiers_and_names():
 def test_every_catalog_gpu_has_what_the_checklist_asks_for():
     """DESIGN.md's "A GPU model": a catalog row is all a known architecture needs, and a new architecture's
     section is in the search space."""
-    from autotune.families.spaces import load
+    from autotune.contract.spaces import load
     from autotune.gpus.catalog import CATALOG, SMEM_OPTIN
     from autotune.gpus.device import planned_gpu
 

@@ -133,7 +133,7 @@ def test_two_commands_with_different_tmpdirs_meet_on_the_folders_lock(tmp_path, 
     """Two runs into one --out with different TMPDIRs both measured; the loser exited 4 and left
     NVIDIA_H200.autotune-change-PID beside the folder."""
     folder = tmp_path / "out" / "NVIDIA_H200"
-    with held_elsewhere(tmp_path, "folder.change", "folder_change", f"folder_change({str(folder)!r})"):
+    with held_elsewhere(tmp_path, "folder.tuned", "TunedFolder", f"TunedFolder({str(folder)!r}).held()"):
         before = _snapshot(tmp_path)
         _one_line(capsys, main(_run(tmp_path)), 2, f"is writing into {folder}")
         assert _snapshot(tmp_path) == before and not (tmp_path / "a.db").exists()   # the storage untouched

@@ -1,5 +1,5 @@
 """Each kernel family is declared once, by its own class, and found where it is declared
-(autotune/families/registry.py): a new one is one package, installed beside autotune, that names itself in
+(autotune/contract/registry.py): a new one is one package, installed beside autotune, that names itself in
 the entry-point group autotune.families. The toy backend family of tests/toy_gemm/ and the toy config
 family of tests/toy_moe_configs/ are each plugged in so (a distribution's metadata on sys.path, as pip
 installs one), measured on this CPU by the measuring code a worker runs, and their recordings replayed by
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from autotune.families import capabilities, registry
+from autotune.contract import capabilities, registry
 from autotune.cli import main
 from autotune.gpus.device import cpu_interpreter
-from autotune.families.protocol import get_family
+from autotune.contract.protocol import get_family
 from autotune.measure.timing import noise
 from autotune.measure.records import Cache, write_cache
 
@@ -129,7 +129,7 @@ def record_configs_on_this_cpu(path):
     from autotune.measure.measurer import Measurer
     from autotune.measure.tasks import Settings, Task
     from tests.toy_moe_configs import GEMMS, SPACE
-    from autotune.families.spaces import Space
+    from autotune.contract.spaces import Space
 
     measurer = Measurer(Settings(family="toy_moe", on_cpu=True, routings=1, repeats=3), None)
     (model,) = models.select_models(model="qwen3.5-35b-a3b")
@@ -149,7 +149,7 @@ def record_configs_on_this_cpu(path):
 
 
 def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
-    from autotune.families.spaces import Space
+    from autotune.contract.spaces import Space
     from tests.toy_moe_configs import DEFAULT, SPACE
 
     with monkeypatch.context() as plugged:
@@ -193,3 +193,30 @@ def test_only_the_fused_moe_family_names_its_keys_and_its_name():
     named = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if package not in path.parents
              for n, line in enumerate(path.read_text().splitlines(), 1) if "BLOCK_SIZE_M" in line or '"triton_moe"' in line]
     assert len(list(package.glob("*.py"))) > 3 and named == []
+
+
+def required_hooks(protocol) -> set[str]:
+    """The names a family must have to answer `protocol` (autotune.contract.protocol): its annotated attributes
+    and its methods, less those the protocol marks optional (the core asks for them with getattr)."""
+    import inspect
+    from typing import Protocol
+
+    names = set()
+    for cls in protocol.__mro__:
+        if cls in (Protocol, object) or Protocol not in cls.__mro__:
+            continue
+        names |= set(getattr(cls, "__annotations__", {}))
+        names |= {n for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")
+                  and not (f.__doc__ or "").startswith("Optional")}
+    return names
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_family_in_the_tree_answers_its_protocol(name):
+    """The core calls a family only through the hooks of its protocol: each family has every one of them."""
+    from autotune.contract.protocol import BackendChoiceFamily, ConfigFamily
+
+    family = get_family(name)
+    protocol = ConfigFamily if registry.get(name).step == registry.CONFIGS else BackendChoiceFamily
+    assert {"select", "confirm", "export", "flag", "runner"} & required_hooks(protocol)    # read from the protocol
+    assert sorted(h for h in required_hooks(protocol) if not hasattr(family, h)) == []

@@ -593,7 +593,7 @@ def test_a_tactic_is_measured_pinned_through_flashinfers_cache(runners, monkeypa
     loaded as SGLang loads ours, and FlashInfer's choose_one, the call SGLang's path makes, hands
     it out. A pin whose key is not the call's makes FlashInfer fall back to -1, and the launch fails
     as TacticNotRun instead of crediting the tactic with the default's time."""
-    from autotune.families.runner import TacticNotRun, flashinfer_pin
+    from autotune.contract.runner import TacticNotRun, flashinfer_pin
 
     tuner = fresh_tuner()
     monkeypatch.setattr(AutoTuner, "get", staticmethod(lambda: tuner))

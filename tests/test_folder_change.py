@@ -1,4 +1,5 @@
-"""A tuned folder changes as one (autotune/folder/change.py): a write that fails anywhere in a command's
+"""A tuned folder changes as one (autotune/folder/change.py, held through its handle autotune/folder/tuned.py): a
+write that fails anywhere in a command's
 change set leaves the folder byte-identical; one writer at a time; a folder changed by another hand
 while a run measured is not swapped over."""
 import errno
@@ -12,7 +13,8 @@ import pytest
 
 from autotune.fileio import writing
 from autotune.cli import main
-from autotune.folder.change import FolderChange, folder_change, staged
+from autotune.folder.change import FolderChange
+from autotune.folder.tuned import TunedFolder
 from autotune.store.run_lock import RunLocked
 from tests.conftest import GRID, ROOT
 
@@ -32,9 +34,9 @@ def test_a_committed_change_replaces_the_folder_whole_and_leaves_no_copy(tmp_pat
     (folder / "configs").mkdir(parents=True)
     (folder / "configs" / "a.json").write_text("old a")
     (folder / "b.json").write_text("old b")
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         s = change.begin()
-        assert staged(folder) == s != folder
+        assert change.path == s != folder
         (s / "configs" / "a.json").write_text("new a")
         (s / "c.json").write_text("new c")
         (s / "b.json").unlink()
@@ -42,7 +44,7 @@ def test_a_committed_change_replaces_the_folder_whole_and_leaves_no_copy(tmp_pat
     assert change.outcome is None
     assert _bytes(folder).keys() == {"configs", "configs/a.json", "c.json"}
     assert (folder / "configs" / "a.json").read_text() == "new a"
-    assert _leftovers(tmp_path) == [] and staged(folder) == folder
+    assert _leftovers(tmp_path) == [] and change.path == folder
 
 
 def test_a_failed_write_throws_the_whole_change_away(tmp_path):
@@ -50,7 +52,7 @@ def test_a_failed_write_throws_the_whole_change_away(tmp_path):
     folder.mkdir()
     (folder / "a.json").write_text("old a")
     before = _bytes(folder)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         s = change.begin()
         (s / "a.json").write_text("new a")
         change.fail("writing b.json failed: No space left on device")
@@ -61,7 +63,7 @@ def test_a_failed_write_throws_the_whole_change_away(tmp_path):
 def test_an_error_inside_the_change_throws_it_away(tmp_path):
     folder = tmp_path / "new_folder"
     with pytest.raises(KeyboardInterrupt):
-        with folder_change(folder) as change:
+        with TunedFolder(folder).held() as change:
             (change.begin() / "a.json").write_text("x")
             raise KeyboardInterrupt
     assert not folder.exists() and _leftovers(tmp_path) == []
@@ -69,7 +71,7 @@ def test_an_error_inside_the_change_throws_it_away(tmp_path):
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     folder = tmp_path / "NVIDIA_H200"
-    with folder_change(folder):
+    with TunedFolder(folder).held():
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
                 "from autotune.folder.change import FolderChange\n"
                 "from autotune.store.run_lock import RunLocked\n"
@@ -86,7 +88,7 @@ def test_a_folder_changed_by_another_hand_meanwhile_is_not_swapped_over(tmp_path
     folder = tmp_path / "NVIDIA_H200"
     folder.mkdir()
     (folder / "a.json").write_text("old a")
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("ours")
         (folder / "a.json").write_text("a hand edit")
     assert (folder / "a.json").read_text() == "a hand edit"
@@ -274,7 +276,7 @@ def test_the_refusal_names_the_holder_and_the_folder_as_given(tmp_path):
     folder = tmp_path / "NVIDIA_H200"
     lock_path = FolderChange(folder).lock_path
     lock_path.write_text("pid 123456789012 of a writer long gone")     # a longer text than ours
-    with folder_change(folder):
+    with TunedFolder(folder).held():
         with pytest.raises(RunLocked) as e:
             FolderChange(tmp_path / "x" / ".." / "NVIDIA_H200").lock()   # the same folder, spelled otherwise
     assert str(e.value) == (f"another autotune command (pid {os.getpid()}) is writing into "
@@ -310,7 +312,7 @@ def test_a_killed_writers_staged_copy_is_removed_when_the_folder_is_next_locked(
 def test_a_stale_copy_that_cannot_be_removed_does_not_stop_the_next_writer(tmp_path):
     folder = _folder(tmp_path, {"a.json": "old"})
     (tmp_path / ".NVIDIA_H200.staged-4242").write_text("a file, not a staged folder")
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (folder / "a.json").read_text() == "new"
 
@@ -318,55 +320,58 @@ def test_a_stale_copy_that_cannot_be_removed_does_not_stop_the_next_writer(tmp_p
 def test_paths_and_messages_inside_a_change_name_the_folder_as_the_user_gave_it(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from autotune.folder.change import in_words, real, tuned_folder
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x").mkdir()
-    dev = SimpleNamespace(file_name="NVIDIA_H200")
-    assert tuned_folder("out", dev) == Path("out/NVIDIA_H200")
-    with folder_change(Path("out/NVIDIA_H200")) as change:
-        assert tuned_folder("out", dev) == Path("out/NVIDIA_H200")      # not staged before begin()
+    folder = TunedFolder.under("out", SimpleNamespace(file_name="NVIDIA_H200"))
+    assert folder.path == folder.given == Path("out/NVIDIA_H200")
+    with folder.held() as change:
+        assert change.path == Path("out/NVIDIA_H200")                   # not staged before begin()
         s = change.begin()
         assert change.begin() == s                                      # staged once
         assert s == tmp_path / "out" / f".NVIDIA_H200.staged-{os.getpid()}"
-        assert tuned_folder("out", dev) == s == staged(tmp_path / "x" / ".." / "out" / "NVIDIA_H200")
-        assert real(s / "configs" / "a.json") == "out/NVIDIA_H200/configs/a.json"
-        assert in_words(f"cannot write {s}/a.json nor {s}/b.json") == (
+        assert change.path == s
+        assert change.real(s / "configs" / "a.json") == "out/NVIDIA_H200/configs/a.json"
+        assert change.in_words(f"cannot write {s}/a.json nor {s}/b.json") == (
             "cannot write out/NVIDIA_H200/a.json nor out/NVIDIA_H200/b.json")
-    assert staged(tmp_path / "out" / "NVIDIA_H200") == tmp_path / "out" / "NVIDIA_H200"
-    assert real(tmp_path / "out") == str(tmp_path / "out")              # no change open: as it is
+    assert folder.path == Path("out/NVIDIA_H200")
+    assert folder.real(tmp_path / "out") == str(tmp_path / "out")       # no change open: as it is
 
 
-def test_a_failed_write_throws_away_every_open_change(tmp_path):
-    from autotune.folder.change import fail_open
+def test_a_failed_write_step_throws_the_change_away_and_the_first_failure_is_said(tmp_path, capsys):
+    from autotune.run.sinks import Summary, after_search
 
+    def full(path):
+        raise OSError(28, "No space left on device", str(path))
     a, b = _folder(tmp_path / "a", {"x.json": "old"}), _folder(tmp_path / "b", {"x.json": "old"})
-    with folder_change(a) as ca, folder_change(b) as cb:
+    summary = Summary()
+    with TunedFolder(a).held() as ca, TunedFolder(b).held() as cb:
         for c in (ca, cb):
             (c.begin() / "x.json").write_text("new")
-        fail_open("writing y.json failed: disk full")
-        fail_open("a later failure")                                    # the first is the one said
-    assert ca.outcome == f"nothing in {a} changed: writing y.json failed: disk full"
-    assert cb.outcome == f"nothing in {b} changed: writing y.json failed: disk full"
-    assert (a / "x.json").read_text() == (b / "x.json").read_text() == "old"
+        after_search(summary, "writing y.json", full, ca.path / "y.json", writes=ca)
+        after_search(summary, "a later step", full, ca.path / "z.json", writes=ca)
+    assert ca.outcome == (f"nothing in {a} changed: writing y.json failed: OSError: [Errno 28] No space left on "
+                          f"device: '{a}/y.json'")                      # the staged path in the user's words
+    assert cb.outcome is None                                           # another folder's change stands
+    assert (a / "x.json").read_text() == "old" and (b / "x.json").read_text() == "new"
+    assert len(summary.failures) == 2 and "the same command does it again" in capsys.readouterr().out
 
 
 def test_a_new_folder_goes_in_whole_and_an_empty_change_leaves_no_output_folder(tmp_path):
     out = tmp_path / "out"
-    with folder_change(out / "NVIDIA_H200") as change:
+    with TunedFolder(out / "NVIDIA_H200").held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (out / "NVIDIA_H200" / "a.json").read_text() == "new"
     assert sorted(p.name for p in out.iterdir()) == ["NVIDIA_H200"]
     other = tmp_path / "other"
-    with folder_change(other / "NVIDIA_H200") as change:
+    with TunedFolder(other / "NVIDIA_H200").held() as change:
         change.begin()                                                  # nothing written into it
     assert change.outcome is None and not other.exists()                # the run made it: removed again
     mine = tmp_path / "mine"
     mine.mkdir()
-    with folder_change(mine / "NVIDIA_H200") as change:
+    with TunedFolder(mine / "NVIDIA_H200").held() as change:
         change.begin()
     assert mine.is_dir() and list(mine.iterdir()) == []                 # the user's own: kept
-    with folder_change(mine / "NVIDIA_H200"):
+    with TunedFolder(mine / "NVIDIA_H200").held():
         pass                                                            # refused before staging anything
     assert mine.is_dir()
 
@@ -374,7 +379,7 @@ def test_a_new_folder_goes_in_whole_and_an_empty_change_leaves_no_output_folder(
 def test_two_new_folders_of_one_new_output_folder_one_written(tmp_path):
     """merge-choices' changes: the output folder the first made holds the second's folder; it stays."""
     out = tmp_path / "serving"
-    with folder_change(out / "NVIDIA_H200") as a, folder_change(out / "NVIDIA_H100") as b:
+    with TunedFolder(out / "NVIDIA_H200").held() as a, TunedFolder(out / "NVIDIA_H100").held() as b:
         b.begin()
         (a.begin() / "server_args.yaml").write_text("tp-size: 8\n")
     assert a.outcome is None is b.outcome
@@ -384,7 +389,7 @@ def test_two_new_folders_of_one_new_output_folder_one_written(tmp_path):
 def test_the_same_bytes_written_again_change_nothing(tmp_path):
     folder = _folder(tmp_path, {"provenance.json": '{"files": {}}', "configs/a.json": "same", "validation.json": "v"})
     before, inode = _bytes(folder), folder.stat().st_ino
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "configs" / "a.json").write_text("same")
     assert change.outcome is None and _bytes(folder) == before          # provenance not rewritten either
     assert folder.stat().st_ino == inode and _leftovers(tmp_path) == []
@@ -396,7 +401,7 @@ def test_a_change_records_every_files_sha256_but_provenances_and_validates_outpu
     folder = _folder(tmp_path, {"provenance.json": '{"files": {}}', "configs/a.json": "a", "validation.json": "v",
                                 "report.md": "r", "validation.png": "p", "validation_runs/run.json": "raw",
                                 "configs/validation_runs/x.json": "x", "configs/report.md": "mine"})
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "configs" / "b.json").write_text("b")
     recorded = json.loads((folder / "provenance.json").read_text())
     assert recorded == {"files": {}, "folder_sha256": {
@@ -409,11 +414,11 @@ def test_a_change_without_provenance_or_without_hashes_writes_none(tmp_path):
     import json
 
     bare = _folder(tmp_path / "bare", {"a.json": "a"})
-    with folder_change(bare) as change:
+    with TunedFolder(bare).held() as change:
         (change.begin() / "b.json").write_text("b")
     assert sorted(p.name for p in bare.iterdir()) == ["a.json", "b.json"]
     judged = _folder(tmp_path / "judged", {"provenance.json": '{"files": {}}', "a.json": "a"})
-    with folder_change(judged, record_hashes=False) as change:           # validate's outputs: not vouched for
+    with TunedFolder(judged).held(record_hashes=False) as change:           # validate's outputs: not vouched for
         (change.begin() / "validation.json").write_text("{}")
     assert json.loads((judged / "provenance.json").read_text()) == {"files": {}}
     assert (judged / "validation.json").read_text() == "{}"
@@ -426,7 +431,7 @@ def test_a_provenance_that_cannot_be_written_changes_nothing(tmp_path, monkeypat
     def full(path, *a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
     monkeypatch.setattr(writing, "write_json", full)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome == (f"nothing in {folder} changed: [Errno {errno.ENOSPC}] No space left on device: "
                               f"'{folder}/provenance.json'")
@@ -436,7 +441,7 @@ def test_a_provenance_that_cannot_be_written_changes_nothing(tmp_path, monkeypat
 @pytest.mark.parametrize("hand", ["edit", "resized, same time", "add", "remove", "a folder"])
 def test_any_hand_change_meanwhile_keeps_this_runs_change_aside(tmp_path, hand):
     folder = _folder(tmp_path, {"a.json": "old a", "configs/b.json": "b"})
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         s = change.begin()
         (s / "a.json").write_text("ours!")
         st = (folder / "a.json").stat()
@@ -469,7 +474,7 @@ def test_the_swap_is_made_durable_in_the_folders_parent(tmp_path, monkeypatch):
         synced.append(os.fstat(fd).st_ino)
         return real_fsync(fd)
     monkeypatch.setattr(os, "fsync", fsync)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert tmp_path.stat().st_ino in synced
 
@@ -480,7 +485,7 @@ def test_a_file_system_that_cannot_sync_a_folder_does_not_undo_a_change_already_
     def fsync(fd):
         raise OSError(errno.EINVAL, "Invalid argument")
     monkeypatch.setattr(os, "fsync", fsync)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (folder / "a.json").read_text() == "new"
 
@@ -495,7 +500,7 @@ def test_where_the_file_system_exchanges_the_folder_is_never_absent(tmp_path, mo
         renamed.append(Path(src))
         return real_rename(src, dst)
     monkeypatch.setattr(os, "rename", rename)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (folder / "a.json").read_text() == "new"
     assert renamed == [] and _leftovers(tmp_path) == []
@@ -507,7 +512,7 @@ def test_a_staged_copy_removed_from_under_the_run_fails_the_change_and_the_folde
     folder = _folder(tmp_path, {"a.json": "old"})
     before = _bytes(folder)
     with pytest.raises(OSError) as e:
-        with folder_change(folder) as change:
+        with TunedFolder(folder).held() as change:
             s = change.begin()
             shutil.rmtree(s)                                            # another hand cleaned the output folder
     assert e.value.errno == errno.ENOENT and str(e.value).startswith(f"[Errno {errno.ENOENT}] cannot swap {s} into")
@@ -537,7 +542,7 @@ def test_where_the_file_system_cannot_exchange_two_renames_swap_the_change_in(tm
 
     folder = _folder(tmp_path, {"a.json": "old", "b.json": "b"})
     monkeypatch.setattr(fc.ctypes, "CDLL", lambda *a, **k: _Libc(err))
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (folder / "a.json").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["NVIDIA_H200"]   # neither copy left
@@ -560,7 +565,7 @@ def test_an_old_copy_that_cannot_be_removed_leaves_the_change_in(tmp_path, monke
             raise OSError(errno.EBUSY, "Device or resource busy", str(path))
         return real_rmdir(path, *a, **k)
     monkeypatch.setattr(os, "rmdir", rmdir)
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "a.json").write_text("new")
     assert change.outcome is None and (folder / "a.json").read_text() == "new"
     monkeypatch.setattr(os, "rmdir", real_rmdir)
@@ -576,7 +581,7 @@ def test_a_swap_refused_for_another_reason_changes_nothing_and_says_why(tmp_path
     before = _bytes(folder)
     monkeypatch.setattr(fc.ctypes, "CDLL", lambda *a, **k: _Libc(errno.EXDEV))
     with pytest.raises(OSError) as e:
-        with folder_change(folder) as change:
+        with TunedFolder(folder).held() as change:
             s = change.begin()
             (s / "a.json").write_text("new")
     assert e.value.errno == errno.EXDEV
@@ -598,7 +603,7 @@ def test_where_the_second_rename_fails_the_old_folder_is_put_back(tmp_path, monk
         return real_rename(src, dst)
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(OSError, match="I/O error"):
-        with folder_change(folder) as change:
+        with TunedFolder(folder).held() as change:
             (change.begin() / "a.json").write_text("new")
     assert _bytes(folder) == before and _leftovers(tmp_path) == []
 
@@ -606,13 +611,13 @@ def test_where_the_second_rename_fails_the_old_folder_is_put_back(tmp_path, monk
 def test_links_in_the_folder_stay_links(tmp_path):
     folder = _folder(tmp_path, {"configs/a.json": "a"})
     (folder / "latest.json").symlink_to("configs/a.json")
-    with folder_change(folder) as change:
+    with TunedFolder(folder).held() as change:
         (change.begin() / "b.json").write_text("b")
     assert (folder / "latest.json").is_symlink() and os.readlink(folder / "latest.json") == "configs/a.json"
 
 
 def test_folder_sha256_reads_regular_files_only_and_sets_validates_outputs_aside_at_the_top(tmp_path):
-    from autotune.folder.change import folder_hashes, folder_sha256
+    from autotune.folder.change import folder_sha256
 
     folder = _folder(tmp_path, {"b.json": "b", "a/report.md": "r", "validation.json": "v", "report.md": "r",
                                 "validation.png": "p", "validation_runs/x.json": "x", "a/validation_runs/y": "y",
@@ -630,17 +635,16 @@ def test_folder_sha256_reads_regular_files_only_and_sets_validates_outputs_aside
     kept = {k: v for k, v in everything.items()
             if k not in ("report.md", "validation.json", "validation.png", "validation_runs/x.json")}
     assert folder_sha256(folder) == kept
-    assert folder_hashes(folder) == {k: v for k, v in kept.items() if k != "provenance.json"}
+    assert TunedFolder(folder).vouched_hashes() == {k: v for k, v in kept.items() if k != "provenance.json"}
 
 
 def test_unvouched_names_each_file_added_changed_or_missing(tmp_path):
-    from autotune.folder.change import folder_hashes, unvouched
-
     folder = _folder(tmp_path, {"configs/a.json": "a", "configs/b.json": "b", "notes.txt": "n", "z.json": "z",
                                 "provenance.json": "{}"})
-    assert unvouched(folder, {"files": {}}) == [] and unvouched(folder, {"folder_sha256": "all"}) == []
-    recorded = folder_hashes(folder)
-    assert unvouched(folder, {"folder_sha256": recorded}) == []
+    tuned = TunedFolder(folder)
+    assert tuned.unvouched({"files": {}}) == [] and tuned.unvouched({"folder_sha256": "all"}) == []
+    recorded = tuned.vouched_hashes()
+    assert tuned.unvouched({"folder_sha256": recorded}) == []
     (folder / "configs" / "b.json").write_text("b by hand")
     (folder / "z.json").write_text("z by hand")
     (folder / "z.json").rename(folder / "y.json")
@@ -648,7 +652,7 @@ def test_unvouched_names_each_file_added_changed_or_missing(tmp_path):
     (folder / "notes.txt").unlink()
     (folder / "extra.md").write_text("e")
     (folder / "provenance.json").write_text("{'rewritten': 1}")          # its own hash is never listed
-    assert unvouched(folder, {"folder_sha256": recorded}) == [
+    assert tuned.unvouched({"folder_sha256": recorded}) == [
         ("configs/c.json",
          "not written by autotune (provenance.json does not list it): SGLang would load it unchecked"),
         ("extra.md", "not written by autotune (provenance.json does not list it)"),

@@ -7,7 +7,7 @@ import pytest
 from flashinfer.gemm import gemm_base as g
 
 from autotune.families.fp8_gemm import Fp8Gemm
-from autotune.families.runner import discover
+from autotune.contract.runner import discover
 from autotune.problems.models import GemmProblem
 
 OFFERED = {"cublas": [0, 1, 2, 5], "cudnn": [(7, ((12, 3),)), (4, ((12, 9),))]}

@@ -75,7 +75,7 @@ def test_the_wheel_carries_its_search_spaces_and_runs_in_a_fresh_venv(wheel, tmp
     (site / "test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, timeout=300, env=clean)
-    where = subprocess.check_output([str(venv / "bin/python"), "-c", "import autotune.families.spaces as s; print(s.SPACES_DIR)"],
+    where = subprocess.check_output([str(venv / "bin/python"), "-c", "import autotune.contract.spaces as s; print(s.SPACES_DIR)"],
                                     cwd=tmp_path, text=True, env=clean).strip()
     assert where.startswith(str(site)), where
     p = subprocess.run([str(venv / "bin/autotune"), "shapes", "--shapes", "qwen3.5", "--target-sm", "120"],

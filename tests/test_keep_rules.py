@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.families.capabilities import Availability
+from autotune.contract.capabilities import Availability
 from autotune.cli import main
-from autotune.families.runner import Runner
+from autotune.contract.runner import Runner
 from autotune.measure.timing import MIN_EFFECT, noise
 from autotune.measure.records import read_cache, write_cache
 from autotune.search.server_choice import ServerChoice, server_choice
@@ -81,6 +81,7 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
     67.87 us beats new 67.87 us"; a new entry 0.001 us slower as stored is still beaten."""
     from autotune.gpus.device import DeviceInfo
     from autotune.families.triton_moe.export import export_problem
+    from autotune.folder.tuned import TunedFolder
     from autotune.search.finalists import Choice
     from autotune.problems.models import Problem
 
@@ -91,7 +92,7 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
 
     def export(c, gate_up_us):
-        return export_problem(tmp_path, dev, p, {1: Choice.pair(1, (c, c), (gate_up_us, 10.0))}, {})
+        return export_problem(TunedFolder.under(tmp_path, dev), p, {1: Choice.pair(1, (c, c), (gate_up_us, 10.0))}, {})
     assert export(cfg, 10.4444)["kept"] == {}
     assert export(other, 10.4444)["kept"] == {}                   # level as stored: the new one is written
     assert export(cfg, 10.4454)["kept"] == {1: "existing 20.44 us beats new 20.45 us"}

@@ -5,7 +5,7 @@ stands (a function-local import, one under TYPE_CHECKING): the house plan of doc
   family package under families/ is its own);
 - each package imports only packages of its own tier or a lower one (TIERS, bottom first): the
   steps never import the pipeline, the core (measure, store, search) reaches a family only through the
-  registry and protocol of families/, and the family packages are plugins above the core;
+  registry and protocol of contract/, and the family packages (families/) are plugins above the core;
 - SGLang, FlashInfer and sgl_kernel are imported only by adapters/ and the family packages (a family's
   kernel and its declared runners), and a private (underscore) name of theirs only by adapters/;
 - no module imports a private (underscore) name of another module, nor reaches one through a name it
@@ -140,18 +140,19 @@ def crossings(edges: dict, below: str, above: tuple[str, ...]) -> list[tuple[str
 
 
 # Bottom first. A package may import its own tier and those below; DESIGN.md's table says why each
-# sits where it does. "families" is the registry, the protocol and what every family shares (its
-# runners' discovery, spaces, the backend-family machinery); FAMILY_PACKAGES are the families.
+# sits where it does. "contract" is the registry, the protocol and what every family shares (its
+# runners' discovery, spaces, the backend-family machinery); FAMILY_PACKAGES are the families, "families"
+# the folder that holds them.
 TIERS = (
     ("errors", "stops", "programs", "fileio", "numerics"),
     ("gpus", "problems"),
     ("adapters",),
-    ("families",),
+    ("contract",),
     ("measure", "store"),
     ("search",),
     ("folder",),
-    ("FAMILY_PACKAGES",),
     ("export",),
+    ("families", "FAMILY_PACKAGES"),
     ("run", "validate", "publish"),
     ("api", "folder_commands"),
     ("cli", "__main__"),
@@ -281,7 +282,7 @@ def test_only_the_command_line_imports_the_command_line():
 def test_the_checks_find_what_is_planted(tmp_path):
     """A toy package with one of each fault: each check reports exactly it."""
     pkg = tmp_path / "toy"
-    for d in ("families/fam", "export", "measure", "adapters", "cli", "validate", "search"):
+    for d in ("families/fam", "contract", "export", "measure", "adapters", "cli", "validate", "search"):
         (pkg / d).mkdir(parents=True)
     files = {
         "a.py": "from .b import thing\n",
@@ -289,7 +290,8 @@ def test_the_checks_find_what_is_planted(tmp_path):
         "c.py": "from .d import _hidden\nfrom .d import Shown\nShown._helper()\n",
         "d.py": "_hidden = 1\nclass Shown:\n    _helper = staticmethod(lambda: 0)\n",
         "families/__init__.py": "",
-        "families/registry.py": "from toy.measure.m import x\n",          # a tier up: families -> measure
+        "contract/__init__.py": "",
+        "contract/registry.py": "from toy.measure.m import x\n",          # a tier up: contract -> measure
         "families/fam/__init__.py": "from flashinfer.gemm import mm_fp4\nfrom flashinfer.autotuner import _json\n",
         "measure/__init__.py": "",
         "measure/m.py": "import sglang.srt.utils as su\nx = su._private\n",
@@ -310,7 +312,7 @@ def test_the_checks_find_what_is_planted(tmp_path):
     assert cycles(edges) == [["toy.a", "toy.b"], ["toy.cli", "toy.low"], ["toy.export.e", "toy.search.s"]]
     assert ["toy.export", "toy.search"] in cycles(package_graph(edges, pkg))
     tiers = (("a", "b", "c", "d", "low"), *TIERS)
-    assert upward(edges, pkg, tiers) == [("toy.families", "toy.measure"), ("toy.low", "toy.cli"),
+    assert upward(edges, pkg, tiers) == [("toy.contract", "toy.measure"), ("toy.low", "toy.cli"),
                                          ("toy.search", "toy.export"), ("toy.search", "toy.validate")]
     assert sorted(private) == [("toy.c", "toy.d", "Shown._helper"), ("toy.c", "toy.d", "_hidden")]
     assert external_imports(pkg) == [("toy.families.fam", "flashinfer.autotuner._json"),

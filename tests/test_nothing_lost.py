@@ -58,25 +58,28 @@ def test_a_failed_summary_is_one_line_after_the_files(tmp_path, capsys, monkeypa
 
 
 def test_a_failed_layer_check_keeps_the_picks_and_says_so(capsys):
+    import functools
+    from types import SimpleNamespace
+
     import torch
 
-    from autotune.families.triton_moe import confirm
-    from autotune.run import config_search
+    from autotune.families.triton_moe import TritonMoe, confirm
     from autotune.gpus.device import DeviceInfo
     from autotune.problems.models import Problem
-    from autotune.run.sinks import Summary
+    from autotune.run.sinks import Summary, after_search
 
     def out_of_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
     summary = Summary()
+    tuner = SimpleNamespace(problem=Problem(512, 128, 4096, 10, "bf16"), pool=None,
+                            device=DeviceInfo("NVIDIA H100 80GB HBM3", 90, 232448))
     real = confirm.confirm_by_layer
     confirm.confirm_by_layer = out_of_memory
     try:
-        layer = config_search._confirm_by_layer(Problem(512, 128, 4096, 10, "bf16"), {}, DeviceInfo(
-            "NVIDIA H100 80GB HBM3", 90, 232448), None, summary)
+        checked = TritonMoe().confirm(tuner, {}, functools.partial(after_search, summary))
     finally:
         confirm.confirm_by_layer = real
-    assert layer == {}
+    assert checked.records == {} and checked.columns == {}
     assert summary.failures == ["the layer check of E=512,N=128,K=4096,topk=10,bf16 failed: OutOfMemoryError: "
                                      "CUDA out of memory. Tried to allocate 1.00 GiB"]
     assert "the same command does it again without measuring" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.families.triton_moe.overlay import overlay_shipped
+from autotune.folder.tuned import TunedFolder
 from autotune.adapters.sglang_loader import builtin_config_dir, sglang_selection
 from autotune.problems.models import Problem
 from tests.conftest import GRID
@@ -56,17 +57,17 @@ def test_shipped_files_an_older_target_cannot_run_stay_out(exported, h200, tmp_p
     (src / "configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200.json").write_text(json.dumps(plain))
     (src / "configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200_NVL.json").write_text(json.dumps(plain))
     folder = tmp_path / "NVIDIA_H200"
-    rec = overlay_shipped(folder, h200, ("0.5.16",), builtin=src, sglang_version="0.5.23")
+    rec = overlay_shipped(TunedFolder(folder, h200), ("0.5.16",), builtin=src, sglang_version="0.5.23")
     assert rec["files"] == ["configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200.json"]   # not the NVL SKU's
     assert "0.5.16 cannot run it" in rec["skipped"]["configs/triton_3_6_0/E=64,N=32,device_name=NVIDIA_H200.json"]
     # Re-run for a newer target: the TMA file comes in; a user's own file of a shipped name is never replaced.
     user = folder / "configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200.json"
-    rec = overlay_shipped(folder, h200, ("0.5.23",), builtin=src, sglang_version="0.5.23")
+    rec = overlay_shipped(TunedFolder(folder, h200), ("0.5.23",), builtin=src, sglang_version="0.5.23")
     assert "configs/triton_3_6_0/E=64,N=32,device_name=NVIDIA_H200.json" in rec["files"]
     assert builtin_config_dir()
     (folder / "provenance.json").write_text(json.dumps({"files": {}}))   # forget that the overlay wrote it
     user.write_text('{"1": {"mine": 1}}')
-    rec = overlay_shipped(folder, h200, ("0.5.23",), builtin=src, sglang_version="0.5.23")
+    rec = overlay_shipped(TunedFolder(folder, h200), ("0.5.23",), builtin=src, sglang_version="0.5.23")
     assert json.loads(user.read_text()) == {"1": {"mine": 1}} and "not ours to replace" in rec["skipped"][
         "configs/triton_3_6_0/E=64,N=64,device_name=NVIDIA_H200.json"]
 

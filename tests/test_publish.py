@@ -7,6 +7,7 @@ import pytest
 from autotune.cli import main
 from autotune.gpus.device import DeviceInfo
 from autotune.families.triton_moe.export import export_problem
+from autotune.folder.tuned import TunedFolder
 from autotune.problems.models import Problem
 from autotune.search.finalists import Choice
 
@@ -25,7 +26,7 @@ def git(repo, *args):
 def tuned(tmp_path, name, times, cfg=A, gate=True, device=DEV):
     out = tmp_path / name
     choices = {M: Choice.pair(M, (cfg, cfg), (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
-    export_problem(out, device, P, choices, {})
+    export_problem(TunedFolder.under(out, device), P, choices, {})
     if gate is not None:
         validated(out / device.file_name, gate)
     return out / device.file_name
@@ -140,7 +141,7 @@ def test_publish_carries_the_shipped_overlay_and_keeps_a_tuned_file_first(tmp_pa
     other = "E=256,N=64,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json"
     (builtin / other).write_text(json.dumps({"1": A}))
     (builtin / UP).write_text(json.dumps({"1": B}))             # SGLang ships our tuned shape too
-    rec = overlay_shipped(src, DEV, ("0.5.23",), builtin=builtin.parent.parent, sglang_version="0.5.23")
+    rec = overlay_shipped(TunedFolder(src, DEV), ("0.5.23",), builtin=builtin.parent.parent, sglang_version="0.5.23")
     assert rec["files"] == [f"configs/triton_3_6_0/{other}"]
     validated(src)                   # the folder validated as it now is, with the overlay
     assert main(["publish", "--to", str(serving), "--from", str(src)]) == 0

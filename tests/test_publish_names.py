@@ -64,6 +64,7 @@ def test_an_overlay_naming_a_file_outside_its_folder_removes_nothing(tmp_path):
     """overlay_shipped removes an earlier overlay's copies it no longer wants: a name out of the
     folder (or a folder linked out of it) would have removed the user's file there."""
     from autotune.families.triton_moe.overlay import overlay_shipped
+    from autotune.folder.tuned import TunedFolder
     from autotune.fileio.writing import FileFormatError
 
     victim = tmp_path / "victim.json"
@@ -80,7 +81,7 @@ def test_an_overlay_naming_a_file_outside_its_folder_removes_nothing(tmp_path):
         (src / "provenance.json").write_text(json.dumps(prov))
         with pytest.raises(FileFormatError, match="is not a path inside the folder" if ".." in rel else
                            "names a file outside"):
-            overlay_shipped(src, DEV, ("0.5.23",), builtin=builtin, sglang_version="0.5.23")
+            overlay_shipped(TunedFolder(src, DEV), ("0.5.23",), builtin=builtin, sglang_version="0.5.23")
     assert victim.read_text() == (tmp_path / "elsewhere/victim.json").read_text() == '{"mine": true}\n'
 
 

@@ -2,7 +2,7 @@
 import optuna
 import pytest
 
-from autotune.families.protocol import get_family
+from autotune.contract.protocol import get_family
 from autotune.measure.records import Measurement, config_key
 from autotune.measure.replay import ReplayPool
 from autotune.families.triton_moe.pairs import candidate_pairs

@@ -146,7 +146,7 @@ class PairTuner:
     def ok_measurements(self, gemm, M):
         return self.search.get((gemm, M), [])
 
-    def _task(self, gemm, c, Ms, tag=None, repeats=None):
+    def task(self, gemm, c, Ms, tag=None, repeats=None):
         return SimpleNamespace(gemm=gemm, config=c, Ms=list(Ms), repeats=repeats, tag=tag)
 
     def run_tasks(self, tasks, on_result):
@@ -224,7 +224,7 @@ def backend_tuner(measured: list, careful_us: dict, auto: str = "auto_b", names=
                   top: int = 3, tunable=()):
     """A BackendTuner over set measurements: `careful_us` (config key -> us) answers every re-measurement."""
     from autotune.search.sieve import BackendTuner
-    from autotune.families.backend_family import LAYER
+    from autotune.contract.backend_family import LAYER
 
     t = BackendTuner.__new__(BackendTuner)
     t.Ms = sorted({m.M for m in measured})

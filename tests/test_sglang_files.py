@@ -4,7 +4,8 @@ import json
 import pytest
 
 from autotune.gpus.device import DeviceInfo
-from autotune.families.triton_moe.export import config_dir, export_problem
+from autotune.families.triton_moe.export import export_problem
+from autotune.folder.tuned import TunedFolder
 from autotune.adapters.sglang_loader import sglang_file_name, sglang_selection
 from autotune.families.triton_moe import TritonMoe
 from autotune.problems.models import Problem
@@ -14,6 +15,11 @@ UP = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M
 DOWN = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3,
         "USE_TMA": True}
 BIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 32, "num_warps": 8, "num_stages": 3}
+
+
+def _tuned(out, device) -> TunedFolder:
+    """The device's tuned folder under `out`, as a command opens it."""
+    return TunedFolder.under(out, device)
 
 
 def _choice(M, up, down, t=10.0):
@@ -37,8 +43,8 @@ def test_sglang_loader_reads_export_and_picks_the_tuned_config_per_M(tmp_path, r
     p = Problem(512, 128, 4096, 10, "fp8_w8a8_block", batch_sizes=(1, 64, 4096))
     choices = {1: _choice(1, UP, DOWN), 64: _choice(64, UP, {**DOWN, "USE_TMA": False}),
                4096: _choice(4096, BIG, {**BIG, "BLOCK_SIZE_N": 64})}
-    export_problem(tmp_path, rtx, p, choices, {})
-    folder = config_dir(tmp_path, rtx)
+    export_problem(_tuned(tmp_path, rtx), p, choices, {})
+    folder = _tuned(tmp_path, rtx).config_dir()
     assert folder.name == "triton_3_6_0"
     for M, want_up, want_down in [(1, UP, DOWN), (2, UP, DOWN), (64, UP, None), (3000, BIG, None)]:
         up, down, found = sglang_selection(p, M, rtx, config_dir=str(tmp_path / rtx.file_name))
@@ -57,7 +63,7 @@ def test_sglang_falls_back_to_our_folder_under_another_triton(tmp_path, rtx, mon
     from autotune.adapters.sglang_loader import sglang_config_module
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
-    export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {8: _choice(8, UP, UP)}, {})
     mod = sglang_config_module()
     assert triton.__version__ != "3.6.0"
     monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path / rtx.file_name))
@@ -92,12 +98,12 @@ def test_fp8_default_follows_the_devices_shared_memory(h200, rtx):
 
 def test_export_keeps_a_better_existing_entry(tmp_path, rtx):
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, UP, UP, t=30.0)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, UP, UP, t=30.0)}, {})
     worse = {**UP, "BLOCK_SIZE_N": 32}
-    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, worse, worse, t=12.0), 8: _choice(8, BIG, BIG, t=20.0)}, {})
+    summary = export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, worse, worse, t=12.0), 8: _choice(8, BIG, BIG, t=20.0)}, {})
     assert list(summary["kept"]) == [1]
     assert _files(tmp_path, rtx, p)[2]["kept_existing"] == {"1": "existing 10.00 us beats new 12.00 us"}
-    data = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)).read_text())
+    data = json.loads((_tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx)).read_text())
     assert data["1"] == UP and data["8"] == BIG
 
 
@@ -110,10 +116,10 @@ def test_an_entry_timed_under_another_triton_is_never_kept_as_faster(tmp_path, r
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
     older = DeviceInfo(rtx.name, rtx.sm, rtx.smem_optin, versions={"triton": "3.5.1"})
-    export_problem(tmp_path, rtx, p, {M: _choice(M, UP, UP, t=20.0) for M in (1, 8)}, {})
-    export_problem(tmp_path, older, p, {M: _choice(M, UP, UP, t=1.0) for M in (1, 8)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {M: _choice(M, UP, UP, t=20.0) for M in (1, 8)}, {})
+    export_problem(_tuned(tmp_path, older), p, {M: _choice(M, UP, UP, t=1.0) for M in (1, 8)}, {})
     with forcing(True):          # 3.6.0's file is no longer the one provenance lists
-        summary = export_problem(tmp_path, rtx, p, {M: _choice(M, BIG, BIG, t=10.0) for M in (1, 8)}, {})
+        summary = export_problem(_tuned(tmp_path, rtx), p, {M: _choice(M, BIG, BIG, t=10.0) for M in (1, 8)}, {})
     assert summary["kept"] == {}
     up, _, entry = _files(tmp_path, rtx, p)
     assert up == {"1": BIG, "8": BIG} and entry["triton"] == "3.6.0"
@@ -123,8 +129,8 @@ def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
     from autotune.fileio import writing
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP)}, {})
-    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP)}, {})
+    target = _tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx)
     before = target.read_text()
     real_replace = writing.os.replace
 
@@ -132,7 +138,7 @@ def test_failed_write_leaves_existing_file_intact(tmp_path, rtx, monkeypatch):
         raise OSError("disk full")
     monkeypatch.setattr(writing.os, "replace", boom)
     with pytest.raises(OSError):
-        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+        export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
     monkeypatch.setattr(writing.os, "replace", real_replace)
     assert target.read_text() == before
     assert not [f for f in target.parent.iterdir() if f.name.startswith(".")]   # no temp litter
@@ -142,15 +148,15 @@ def test_replay_results_are_never_mixed_into_gpu_measured_files(tmp_path, rtx):
     from autotune.families.triton_moe.export import ExportError
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP, t=10.0)}, {})
     replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
     with pytest.raises(ExportError, match="not mixed"):
-        export_problem(tmp_path, replayed, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+        export_problem(_tuned(tmp_path, replayed), p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
 
 
 def _files(tmp_path, rtx, p) -> tuple[dict, dict, dict]:
     """(gate_up file, down file, provenance entry) of `p`."""
-    folder = config_dir(tmp_path, rtx)
+    folder = _tuned(tmp_path, rtx).config_dir()
     up, down = (json.loads((folder / sglang_file_name(p, rtx, down=d)).read_text()) for d in (False, True))
     prov = json.loads((tmp_path / rtx.file_name / "provenance.json").read_text())
     return up, down, prov["files"][sglang_file_name(p, rtx)]
@@ -161,9 +167,9 @@ def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
     c = Choice.pair(8, (UP, DOWN), (4.12345, 6.00049), "shipped", {"default": 12.34567, "shipped": None})
-    summary = export_problem(tmp_path, rtx, p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
+    summary = export_problem(_tuned(tmp_path, rtx), p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
     up, down, entry = _files(tmp_path, rtx, p)
-    folder = config_dir(tmp_path, rtx)
+    folder = _tuned(tmp_path, rtx).config_dir()
     assert summary == {"files": [str(folder / sglang_file_name(p, rtx)), str(folder / entry["down_file"])], "kept": {},
                        "missing": []}
     assert {k: entry[k] for k in ("problem", "compute_capability", "driver", "versions", "replay_note")} == {
@@ -178,16 +184,16 @@ def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
     assert (entry["device"], entry["triton"], entry["measured_on"]) == (rtx.name, "3.6.0", rtx.kind)
     assert entry["sha256"] == {n: sha256(folder / n) for n in (sglang_file_name(p, rtx), entry["down_file"])}
     replayed = DeviceInfo(**{**rtx.__dict__, "kind": "replay"})
-    export_problem(tmp_path / "replay", replayed, p, {8: c}, {})
+    export_problem(_tuned(tmp_path / "replay", replayed), p, {8: c}, {})
     assert _files(tmp_path / "replay", replayed, p)[2]["replay_note"].startswith("replayed from a recorded")
 
 
 def test_a_rerun_keeps_every_m_it_did_not_measure_with_its_provenance(tmp_path, rtx):
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, BIG, BIG, t=30.0)},
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP, t=10.0), 8: _choice(8, BIG, BIG, t=30.0)},
                    {"per_M": {1: {"trials": 40}}})
     first = _files(tmp_path, rtx, p)[2]["per_M"]
-    summary = export_problem(tmp_path, rtx, p, {8: _choice(8, UP, UP, t=20.0)}, {})
+    summary = export_problem(_tuned(tmp_path, rtx), p, {8: _choice(8, UP, UP, t=20.0)}, {})
     up, down, entry = _files(tmp_path, rtx, p)
     assert up == {"1": UP, "8": UP} and set(down) == {"1", "8"}
     assert entry["per_M"]["1"] == first["1"] and entry["per_M"]["8"]["tuned_us"] == 20.0
@@ -198,8 +204,8 @@ def test_an_existing_entry_the_target_releases_cannot_run_is_never_kept(tmp_path
     # SGLang 0.5.16 passes the up-projection config to the kernel as it is: USE_TMA there crashes it
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8, 16))
     tma_up = {**UP, "USE_TMA": True}
-    export_problem(tmp_path, rtx, p, {M: _choice(M, tma_up if M < 16 else UP, UP, t=5.0) for M in (1, 8, 16)}, {})
-    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP, t=50.0)}, {}, targets=("0.5.16",))
+    export_problem(_tuned(tmp_path, rtx), p, {M: _choice(M, tma_up if M < 16 else UP, UP, t=5.0) for M in (1, 8, 16)}, {})
+    summary = export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP, t=50.0)}, {}, targets=("0.5.16",))
     up, _, entry = _files(tmp_path, rtx, p)
     # M=1: replaced though slower; M=8: dropped (nothing new, and 0.5.16 cannot run it); M=16: kept as it was
     assert up == {"1": UP, "16": UP} and summary["kept"] == {}
@@ -215,14 +221,14 @@ def test_a_broken_file_an_earlier_export_wrote_is_not_merged_into_and_replaced_o
     from autotune.fileio.writing import forcing
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
-    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
+    target = _tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx)
     target.write_text(broken)
     with pytest.raises(ExportError, match=f"{target.name}: {why}.*it is not merged into"):
-        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+        export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
     assert target.read_text() == broken
     with forcing(True):
-        export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
+        export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, BIG, BIG, t=1.0)}, {})
     up, down, _ = _files(tmp_path, rtx, p)
     # the broken gate_up file replaced; M=8's down entry goes with it (a pair is kept whole or not at all)
     assert up == {"1": BIG} and set(down) == {"1"}
@@ -233,19 +239,19 @@ def test_a_merge_that_would_not_run_in_a_target_release_writes_nothing(tmp_path,
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
     with pytest.raises(ExportError, match=r"would not run in SGLang 0.5.16, 0.5.17; nothing written"):
-        export_problem(tmp_path, rtx, p, {1: _choice(1, {**UP, "USE_TMA": True}, UP)}, {}, targets=("0.5.16", "0.5.17"))
+        export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, {**UP, "USE_TMA": True}, UP)}, {}, targets=("0.5.16", "0.5.17"))
     assert not (tmp_path / rtx.file_name).exists()
 
 
 def test_a_down_file_gone_since_the_last_export_drops_its_pairs_and_a_tma_down_entry_stays_where_tma_runs(tmp_path, rtx):
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, UP, DOWN, t=5.0), 8: _choice(8, UP, DOWN, t=5.0)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, DOWN, t=5.0), 8: _choice(8, UP, DOWN, t=5.0)}, {})
     # SGLang 0.5.16 runs a down config's USE_TMA on a GPU with TMA descriptors (this SM120 card): kept though faster
-    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=50.0)}, {}, targets=("0.5.16",))
+    summary = export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, BIG, BIG, t=50.0)}, {}, targets=("0.5.16",))
     up, down, _ = _files(tmp_path, rtx, p)
     assert summary["kept"] == {1: "existing 5.00 us beats new 50.00 us"} and down["1"]["USE_TMA"] is True
-    (config_dir(tmp_path, rtx) / sglang_file_name(p, rtx, down=True)).unlink()
-    export_problem(tmp_path, rtx, p, {1: _choice(1, BIG, BIG, t=50.0)}, {})
+    (_tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx, down=True)).unlink()
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, BIG, BIG, t=50.0)}, {})
     up, down, _ = _files(tmp_path, rtx, p)
     assert set(up) == set(down) == {"1"} and up["1"] == BIG         # no down entry: no pair to keep
 
@@ -254,13 +260,13 @@ def test_a_hand_edited_file_is_not_merged_into_and_the_ms_left_without_an_entry_
     from autotune.families.triton_moe.export import ExportError
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8, 64))
-    summary = export_problem(tmp_path, rtx, p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
+    summary = export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, UP, UP), 8: _choice(8, UP, UP)}, {})
     assert summary["missing"] == [64]
-    target = config_dir(tmp_path, rtx) / sglang_file_name(p, rtx)
+    target = _tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx)
     edited = json.dumps({"1": BIG, "8": UP})              # valid, and one SGLang would load: not what was measured
     target.write_text(edited)
     with pytest.raises(ExportError, match="changed since autotune wrote it"):
-        export_problem(tmp_path, rtx, p, {64: _choice(64, UP, UP)}, {})
+        export_problem(_tuned(tmp_path, rtx), p, {64: _choice(64, UP, UP)}, {})
     assert target.read_text() == edited
 
 
@@ -275,9 +281,9 @@ def test_every_written_entry_states_num_warps_and_num_stages(tmp_path, rtx):
     launch = {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in ("num_warps", "num_stages")}
     default = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1, 8))
-    export_problem(tmp_path, rtx, p, {1: _choice(1, default, dict(default)), 8: _choice(8, UP, UP)}, {})
+    export_problem(_tuned(tmp_path, rtx), p, {1: _choice(1, default, dict(default)), 8: _choice(8, UP, UP)}, {})
     for down in (False, True):
-        doc = json.loads((config_dir(tmp_path, rtx) / sglang_file_name(p, rtx, down=down)).read_text())
+        doc = json.loads((_tuned(tmp_path, rtx).config_dir() / sglang_file_name(p, rtx, down=down)).read_text())
         assert doc["1"] == {**default, **launch} and list(doc["1"]) == list(UP)       # the files' key order
         assert doc["8"] == UP
         assert all({"num_warps", "num_stages"} <= set(entry) for entry in doc.values())

@@ -151,7 +151,7 @@ def test_sglang_auto_that_cannot_be_resolved_here_is_unknown_in_one_line(monkeyp
     """Asking SGLang's own `auto` resolution imports half its server; where that breaks, the run
     says so in one line and reports auto as unknown instead of ending in a traceback (H200,
     session 16: a run's selection died on it after every backend was measured)."""
-    from autotune.families import capabilities
+    from autotune.contract import capabilities
 
     def broken(sm):
         raise ModuleNotFoundError("No module named 'openai'")
@@ -180,7 +180,7 @@ def test_the_world_takes_no_port_from_the_environment_its_parent_holds(tmp_path)
         port = held.getsockname()[1]
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT),
                "AUTOTUNE_CACHE_DIR": str(tmp_path / "memo")}
-        code = ("from autotune.families import capabilities; print(capabilities.sglang_auto_value('moe_bf16', 90)); "
+        code = ("from autotune.contract import capabilities; print(capabilities.sglang_auto_value('moe_bf16', 90)); "
                 "import os; print(os.environ['MASTER_PORT'])")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "autotune: warning" not in r.stderr, r.stderr[-2000:]

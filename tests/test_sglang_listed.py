@@ -4,7 +4,7 @@ launched through SGLang's block with no prediction, in their own trials only, an
 answers for them is its own."""
 import pytest
 
-from autotune.families import capabilities
+from autotune.contract import capabilities
 from autotune.measure import records
 from autotune.gpus.device import DeviceInfo, SMEM_OPTIN
 from autotune.adapters import sglang_layer as L

@@ -116,13 +116,13 @@ def test_export_for_an_older_release_drops_up_tma_by_choosing_again(replayed):
     # recording measured at that M, at the time provenance gives it (not the TMA winner with the key dropped).
     # (a written entry states num_warps and num_stages: a config measured without them, SGLang's default, is the
     # one whose launch values they are)
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
     record = read_cache(RUN_RECORD)
     key = "E=512,N=128,K=4096,topk=10,bf16"
     for M, c in up.items():
         m = next((m for m in record.records.values() if (m.problem, m.gemm, m.M) == (key, "gate_up", int(M))
-                  and complete_entry(m.config) == c), None)
+                  and entry_config(m.config).to_entry() == c), None)
         assert m is not None and m.ok and round(m.time_us, 3) == prov["per_M"][M]["gate_up_us"]
 
 

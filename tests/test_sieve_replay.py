@@ -81,7 +81,7 @@ def test_the_sieve_finds_the_hand_investigations_pair(tmp_path, sm120_cache, cap
 def test_an_auto_that_fails_is_said_first_with_the_flag_that_works(tmp_path, sm120_cache, capsys, monkeypatch):
     """With an SGLang whose `auto` still resolves NVFP4 MoE to flashinfer_trtllm on SM120 (the field
     report, sglang 39807), the run says so first, in one line, with the flag that works instead."""
-    from autotune.families import capabilities
+    from autotune.contract import capabilities
 
     real = capabilities.sglang_auto_value
     monkeypatch.setattr(capabilities, "sglang_auto_value",

@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.families import spaces
+from autotune.contract import spaces
 from autotune.cli import main
 from autotune.gpus.device import planned
 from autotune.families.triton_moe import TritonMoe, smem_estimate

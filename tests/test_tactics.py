@@ -12,6 +12,7 @@ from autotune.run.sinks import Summary
 from autotune.search.sieve import BackendTuner, tactic_id
 from autotune.gpus.device import DeviceInfo
 from autotune.export import tactics as tactic_files
+from autotune.folder.tuned import TunedFolder
 from autotune.problems.models import Problem
 from autotune.measure.records import config_key
 from autotune.measure.tasks import Settings
@@ -156,7 +157,7 @@ def test_a_run_writes_both_files_flashinfer_loads_and_server_args_say_how(tuned,
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu",
                         versions={"flashinfer_metadata": _collect_metadata()})   # this machine's, as on a GPU
-    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(TunedFolder.under(tmp_path, device), fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in tuner.pinned.values()], Summary())
     folder = tmp_path / device.file_name
     cache = folder / tactic_files.CACHE_FILE
@@ -176,7 +177,7 @@ def test_without_the_machines_flashinfer_versions_no_cache_is_written(tuned, tmp
 
     fam, tuner, choices, _ = tuned
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="replay", versions={"torch": "2.11"})
-    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(TunedFolder.under(tmp_path, device), fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in tuner.pinned.values()], Summary())
     folder = tmp_path / device.file_name
     assert not (folder / tactic_files.CACHE_FILE).exists()
@@ -192,7 +193,7 @@ def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tun
     kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
-    backend_choice.write_tactic_files(str(tmp_path), device, fam, [tuner],
+    backend_choice.write_tactic_files(TunedFolder.under(tmp_path, device), fam, [tuner],
                                     [(PROBLEM, per_m) for per_m in kept.values()], Summary())
     out = capsys.readouterr().out
     assert not (tmp_path / device.file_name / tactic_files.CACHE_FILE).exists()

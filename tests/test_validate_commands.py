@@ -72,7 +72,7 @@ def test_bad_model_dirs(tmp_path):
 
 def test_tuned_side_gets_the_config_yaml_merged_by_sglang(model, configs):
     c = inspect_configs(configs)
-    assert c.moe_files and c.server_args and c.flashinfer_cache == configs.resolve() and c.provenance
+    assert c.moe_files and c.server_args and c.flashinfer_cache == configs.resolve() and c.folder.has_provenance()
     md = inspect_model_dir(model)
     base = parse_command(server_command(md, 30001))
     tuned = parse_command(server_command(md, 30001, config_yaml=c.server_args,

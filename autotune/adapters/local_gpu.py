@@ -34,6 +34,16 @@ def no_cuda_driver() -> bool:
     return False
 
 
+def triton_has_tma() -> bool:
+    """Whether the Triton installed here has tensor descriptors (what SGLang's USE_TMA configs launch with),
+    recorded with the device as versions["triton_tma"]."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
 def detect(index: int = 0) -> DeviceInfo:
     """The local CUDA GPU. Raises NoDeviceError where there is none."""
     if no_cuda_driver():

@@ -139,7 +139,7 @@ def _main(argv) -> int:
     from autotune.cli.inputs import BadInput, cache_folders_problem
     from autotune.problems.models import ModelError
     from autotune.store.run_lock import RunLocked
-    from autotune.families.spaces import SpaceError
+    from autotune.contract.spaces import SpaceError
 
     try:
         args = build_parser().parse_args(argv)

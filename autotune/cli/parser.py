@@ -1,7 +1,7 @@
 """The `autotune` command line: every subcommand's flags (the commands live in cli.py and cli_folder.py)."""
 from __future__ import annotations
 
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.cli import inputs
 from autotune.cli.common import add_selection
 from autotune.problems.models import MAX_BATCH

@@ -18,7 +18,7 @@ from pathlib import Path
 from autotune.cli import inputs
 from autotune.errors import one_line
 from autotune.validate import HarnessError, ValidateError
-from autotune.folder.provenance import PROVENANCE
+from autotune.folder.tuned import TunedFolder
 
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -221,7 +221,7 @@ def _validate_sglang(args) -> int:
                               extra={"servers": res["servers"],
                                      "judged": _judged(configs.root, judged, device.get("kind", "unknown"))}),
                    comparisons, out, Report(f"SGLang server, {model.path.name} tp{args.tp}: tuned vs baseline",
-                                            "concurrency", intro, configs.provenance,
+                                            "concurrency", intro, configs.folder,
                                             extra_cols={"median ITL ms (baseline / tuned)": latency}))
 
 
@@ -244,7 +244,8 @@ def _validate_sglang_runs(args) -> int:
     if not args.configs:
         raise ValidateError("--from-runs needs --configs: the tuned folder the runs' tuned arm loaded")
     configs = Path(args.configs)
-    if not (configs / PROVENANCE).is_file():
+    tuned = TunedFolder(configs)
+    if not tuned.has_provenance():
         raise ValidateError(f"{configs} has no provenance.json: not a tuned folder")
     runs_sha256 = [tree_sha256(src) for src in args.from_runs]
     for i, sha in enumerate(runs_sha256):           # the same runs under two names were counted twice
@@ -290,7 +291,7 @@ def _validate_sglang_runs(args) -> int:
     settings = {"runs": list(args.from_runs), "runs_sha256": runs_sha256, "configs": str(configs), "sglang": version,
                 "command": "autotune " + " ".join(sys.argv[1:])}
     report = Report(f"SGLang {version}: tuned vs shipped and default", "decode batch size", intro,
-                    configs / PROVENANCE,
+                    tuned,
                     plotter=lambda path: plot_arms(path, rows, title=f"SGLang {version}, one rank, dummy weights"))
     return _finish(args, dict(engine=f"sglang-server {version}", device=env, runs=[r.to_dict() for r in runs],
                               settings=settings,
@@ -395,7 +396,7 @@ def _validate_harness(args) -> int:
                                      "reference_errors": _jsonable(res["checks"]), "moe_per_batch": moe_rows,
                                      "judged": _judged(configs, judged, device.kind)}),
                    comparisons, out, Report(f"{label}: {desc['model']} tp{desc['tp']}, tuned vs default",
-                                            "decode batch size", intro, configs / PROVENANCE,
+                                            "decode batch size", intro, TunedFolder(configs),
                                             extra_cols={"MoE share of step (default / tuned)": share}))
 
 

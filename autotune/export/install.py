@@ -19,7 +19,7 @@ from autotune.adapters import flashinfer_cache as fi
 from autotune.export.flashinfer import Parallel, Rank, ServerKey, sglang_cache_path
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
 from autotune.fileio.reading import load_json
-from autotune.folder.provenance import PROVENANCE
+from autotune.folder.tuned import TunedFolder
 
 
 class InstallError(ValueError):
@@ -340,11 +340,10 @@ def _from_server_args(folder: Path) -> str:
 
 
 def _sm(folder: Path) -> int:
-    for name in ("backend_choice.json", PROVENANCE):
-        path = folder / name
-        if path.is_file():
-            try:
-                return int(load_json(path)["device"]["sm"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+    reads = (lambda: load_json(folder / "backend_choice.json"), TunedFolder(folder).provenance_as_written)
+    for read in reads:
+        try:
+            return int(read()["device"]["sm"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
     raise InstallError(f"{folder} says nowhere which GPU it was tuned on (backend_choice.json or provenance.json)")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.families import registry as registry
+from autotune.contract import registry as registry
 from autotune.search.sieve import MIXES, ServerChoice
 from autotune.gpus.device import DeviceInfo, utc_now
-from autotune.folder.change import tuned_folder
+from autotune.folder.tuned import TunedFolder
 from autotune.fileio.writing import Files, json_bytes, json_with, write_all
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
 from autotune.fileio.reading import load_json, parse_yaml, read_text
@@ -58,7 +58,7 @@ def _sglang_value(rec: dict, family: str, backend: str) -> str | None:
     values = rec.get("sglang_values")
     if values is not None:
         return values.get(backend)
-    from autotune.families import capabilities as table     # files from before sglang_values were stored
+    from autotune.contract import capabilities as table     # files from before sglang_values were stored
 
     try:
         return table.get(family, backend).sglang_value
@@ -97,14 +97,13 @@ def _section(family: str, entry: dict) -> tuple[list[str], str | None]:
     return out, (_sglang_value(rec, family, backend) if backend else None)
 
 
-def render(details: dict, path: str | Path, user_flags=frozenset()) -> str:
-    """server_args.yaml (to be written at `path`) from a backend_choice.json's content."""
+def render(details: dict, path: str | Path, user_flags=frozenset(), shown: str | Path | None = None) -> str:
+    """server_args.yaml (to be written at `path`) from a backend_choice.json's content; `shown`: where the file
+    will be once its folder's change is in (the tuned folder's words for `path`), as its lines name it."""
     device = DeviceInfo.from_dict(details["device"])
     families = details["families"]
     checkpoint = details.get("checkpoint")
-    from autotune.folder.change import real
-
-    shown = Path(real(path))                  # where the file will be once its folder's change is in
+    shown = Path(shown or path)
     lines = [f"{BEGIN} for {device.name} (SM{device.sm}), {details['date']}",
              f"# families: {', '.join(families)}; MoE runner line for: {checkpoint or '-'}",
              f"# load with: python -m sglang.launch_server --config {shown} ..."]
@@ -161,9 +160,10 @@ def _user_flags(path: Path) -> tuple[list[str], list[str], set]:
     return before, after, set(map(str, doc))
 
 
-def _spliced(path: Path, details: dict) -> str:
+def _spliced(tuned: TunedFolder, details: dict) -> str:
+    path = tuned.path / SERVER_ARGS
     before, after, flags = _user_flags(path)
-    ours = render(details, path, flags)
+    ours = render(details, path, flags, tuned.real(path))
     head = "\n".join(before).rstrip("\n")
     return (head + "\n\n" if head else "") + ours + ("\n".join(after) + "\n" if after else "")
 
@@ -213,36 +213,35 @@ def check_kinds(old: dict, families: dict, path: Path) -> None:
                                    "(choose another --out)")
 
 
-def _render_checked(details: dict, path: Path) -> str:
+def _render_checked(details: dict, tuned: TunedFolder) -> str:
     try:
-        return _spliced(path, details)
+        return _spliced(tuned, details)
     except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as e:
-        raise ChoicesError(f"{path.parent / DETAILS} holds a family without a readable choice "
+        raise ChoicesError(f"{tuned.path / DETAILS} holds a family without a readable choice "
                            f"({type(e).__name__}: {e}); move it away to start this folder afresh") from None
 
 
-def check_folder(out: str | Path, device: DeviceInfo) -> None:
-    """Raises ChoicesError where `out`/<device> holds a backend_choice.json a run could not merge into."""
-    folder = tuned_folder(out, device)
-    old = _existing(folder, device)
+def check_folder(tuned: TunedFolder) -> None:
+    """Raises ChoicesError where the tuned folder holds a backend_choice.json a run could not merge into."""
+    old = _existing(tuned.path, tuned.device)
     if old:
-        _render_checked({"date": "", **old}, folder / SERVER_ARGS)
+        _render_checked({"date": "", **old}, tuned)
     else:
-        _user_flags(folder / SERVER_ARGS)        # a hand-written file's lines must be readable to be kept
+        _user_flags(tuned.path / SERVER_ARGS)        # a hand-written file's lines must be readable to be kept
 
 
-def merge(out: str | Path, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
-    """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) into
-    `out`/<device>'s backend_choice.json, replacing those families and keeping the others, and render
+def merge(tuned: TunedFolder, device: DeviceInfo, families: dict, checkpoint: str | None = None) -> Path:
+    """Fold `families` (name -> entry with server_choice, per-problem details and `measured`) of `device` into
+    the tuned folder's backend_choice.json, replacing those families and keeping the others, and render
     server_args.yaml from the result. Returns the YAML path."""
-    folder = tuned_folder(out, device)
-    write_all(_merged(folder, device, families, checkpoint))
-    return folder / SERVER_ARGS
+    write_all(_merged(tuned, device, families, checkpoint))
+    return tuned.path / SERVER_ARGS
 
 
-def _merged(folder: Path, device: DeviceInfo, families: dict, checkpoint: str | None) -> Files:
-    """backend_choice.json and server_args.yaml of `families` merged into `folder`, in memory: every
+def _merged(tuned: TunedFolder, device: DeviceInfo, families: dict, checkpoint: str | None) -> Files:
+    """backend_choice.json and server_args.yaml of `families` merged into the folder, in memory: every
     refusal (ChoicesError) comes before anything is written."""
+    folder = tuned.path
     old = _existing(folder, device)
     check_kinds(old, families, folder / DETAILS)
     merged = {**old.get("families", {}), **families}
@@ -256,7 +255,7 @@ def _merged(folder: Path, device: DeviceInfo, families: dict, checkpoint: str | 
     keep = checkpoint or (new_moe[0] if new_moe else None) or old.get("checkpoint")
     details = {"device": device.to_dict(), "date": utc_now(), "mixes": list(MIXES),
                "checkpoint": keep if keep in moe else (moe[0] if moe else None), "families": merged}
-    text = _render_checked(details, folder / SERVER_ARGS)      # every line the user wrote is in it
+    text = _render_checked(details, tuned)      # every line the user wrote is in it
     files = {folder / DETAILS: (json_bytes(details), DETAILS_OURS), folder / SERVER_ARGS: (text.encode(), None)}
     if old and _undated(details) == _undated(old):
         # Nothing changed: the folder keeps its bytes (a new date, or the folder named another way in the
@@ -278,10 +277,11 @@ def _has_section(path: Path) -> bool:
         return False
 
 
-def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerChoice], object]],
-          moe_family: str | None, problems: dict) -> Path:
-    """One run's results: per family, (its ServerChoices, the chosen one first; the family);
-    `problems`: family name -> per-problem details. Merged into what the folder holds."""
+def write(tuned: TunedFolder, results: list[tuple[list[ServerChoice], object]], moe_family: str | None,
+          problems: dict) -> Path:
+    """One run's results on the folder's device: per family, (its ServerChoices, the chosen one first; the
+    family); `problems`: family name -> per-problem details. Merged into what the folder holds."""
+    device = tuned.device
     measured = {"on": device.kind + (" (replayed from a recorded cache)" if device.is_replay else ""),
                 "date": utc_now()}
     families = {}
@@ -289,23 +289,23 @@ def write(out: str | Path, device: DeviceInfo, results: list[tuple[list[ServerCh
         name = choices[0].family
         families[name] = {**problems.get(name, {}), "chosen_mix": choices[0].mix, "measured": measured,
                           "server_choice": {c.mix: choice_record(c, family) for c in choices}}
-    return merge(out, device, families, moe_family)
+    return merge(tuned, device, families, moe_family)
 
 
-def merge_folder(src: str | Path, out: str | Path) -> Path:
-    """Fold another folder's (or backend_choice.json's) families into `out`/<device>: how the results
-    of separate runs on one GPU model (one per kernel family, say) become one file."""
+def merge_folder(src: str | Path, tuned: TunedFolder) -> Path:
+    """Fold another folder's (or backend_choice.json's) families into the tuned folder of their device: how
+    the results of separate runs on one GPU model (one per kernel family, say) become one file."""
     other = read_source(src)
     device = DeviceInfo.from_dict(other["device"])
-    return merge(out, device, other["families"], other.get("checkpoint"))
+    return merge(tuned, device, other["families"], other.get("checkpoint"))
 
 
-def merged_from(src: str | Path, folder: str | Path) -> Files:
-    """Another folder's families merged into exactly `folder` (a serving repo's folder need not be
+def merged_from(src: str | Path, tuned: TunedFolder) -> Files:
+    """Another folder's families merged into exactly the folder `tuned` (a serving repo's folder need not be
     named after the device), in memory: publish writes it with its other files once all are checked."""
     other = read_source(src)
     device = DeviceInfo.from_dict(other["device"])
-    return _merged(Path(folder), device, other["families"], other.get("checkpoint"))
+    return _merged(tuned, device, other["families"], other.get("checkpoint"))
 
 
 def read_source(src: str | Path) -> dict:
@@ -327,7 +327,7 @@ def check_merge(sources: list, out: str | Path) -> None:
                            "merge the folders of one GPU model at a time")
     for s, other in got:
         device = DeviceInfo.from_dict(other["device"])
-        folder = tuned_folder(out, device)
+        folder = TunedFolder.under(out, device).path
         check_kinds(_existing(folder, device), other["families"], folder / DETAILS)
         _user_flags(folder / SERVER_ARGS)
 

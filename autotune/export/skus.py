@@ -8,9 +8,8 @@ power limits differ between SKUs: a copy is a strong start, not a measurement).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from autotune.fileio.writing import copy_file, sha256, write_json
+from autotune.fileio.writing import copy_file, sha256
+from autotune.folder.tuned import TunedFolder
 from autotune.fileio.names import DEVICE_NAME as PLAUSIBLE      # the one rule for a GPU's name, every reader's
 
 
@@ -26,25 +25,21 @@ def check_name(name: str) -> str:
     return name
 
 
-def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str]) -> list[str]:
-    """Write each of the folder's tuned files again under each SKU name; returns the files written."""
-    from autotune.folder.config_files import config_folder
-    from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
-
-    folder = Path(device_folder)
-    prov_path = folder / PROVENANCE
-    prov = read_folder_provenance(folder) or {}
-    ours = ours_in(prov, folder)
+def copy_for_skus(tuned: TunedFolder) -> list[str]:
+    """Write each of the tuned folder's files again under each of its SKU names; returns the files written."""
+    measured_name = tuned.device.name
+    prov = tuned.provenance() or {}
+    ours = tuned.ours(prov)
     src_tag = f"device_name={measured_name.replace(' ', '_')}"
     written = []
-    for name in names:
+    for name in tuned.sku_names:
         tag = f"device_name={name.replace(' ', '_')}"
         if tag == src_tag:
             continue
         for up, entry in list(prov.get("files", {}).items()):
             if src_tag not in up or entry.get("measured_on_sku"):
                 continue                      # only files measured here are copied
-            triton_dir = folder / config_folder(entry.get("triton"))
+            triton_dir = tuned.triton_dir(entry.get("triton"))
             new_up, new_down = up.replace(src_tag, tag), entry["down_file"].replace(src_tag, tag)
             for old, new in ((up, new_up), (entry["down_file"], new_down)):
                 copy_file(triton_dir / old, triton_dir / new, ours=ours)
@@ -53,5 +48,5 @@ def copy_for_skus(device_folder: str | Path, measured_name: str, names: list[str
                                      "measured_on_sku": entry.get("device") or measured_name,
                                      "sku_note": "copied from a measurement on another SKU of the same chip",
                                      "sha256": {n: sha256(triton_dir / n) for n in (new_up, new_down)}}
-    write_json(prov_path, prov, ours=PROVENANCE_OURS)
+    tuned.write_provenance(prov)
     return written

@@ -1,2 +1,3 @@
-"""Kernel families: the registry, the protocol a family answers, and one package per family (its rules, inputs,
-reference, baselines and launch). The search, the measuring and the store name no family's keys."""
+"""The kernel families, one package each, plugins above the core: each answers the contract of
+autotune.contract.protocol and is found by autotune.contract.registry (its rules, inputs, reference, baselines,
+launch and files). The search, the measuring and the store name no family's keys."""

@@ -14,7 +14,8 @@ So a command that writes into a tuned folder holds a `FolderChange` on it:
 - a folder that cannot be changed as a whole (immutable, write-protected: fileio.writing.tree_problem) is
   refused when it is locked, before anything is staged;
 - the change is staged whole in a copy beside the folder (`<out>/.<device>.staged-<pid>`, same file
-  system), and every path of the folder is read and written there (`tuned_folder` names it);
+  system), and every path of the folder is read and written there (the folder's handle,
+  autotune.folder.tuned.TunedFolder, names it and holds the change);
 - at the end the staged copy is swapped in by one rename (Linux's renameat2 RENAME_EXCHANGE; where the
   file system refuses it, two renames), and the old copy removed. A change that failed anywhere is
   thrown away instead: the folder is byte-identical to what it was.
@@ -35,39 +36,8 @@ from autotune.fileio import locks
 from autotune.fileio.writing import WriteError, tree_problem
 from autotune.store.run_lock import RunLocked
 
-_ACTIVE: dict[Path, "FolderChange"] = {}
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
-
-
-def tuned_folder(out: str | Path, device) -> Path:
-    """The device's tuned folder under `out`, as this process must read and write it: the staged copy
-    while a change of it is open, the folder itself otherwise."""
-    return staged(Path(out) / device.file_name)
-
-
-def staged(folder: str | Path) -> Path:
-    change = _ACTIVE.get(_key(folder))
-    return change.staging if change is not None and change.staging is not None else Path(folder)
-
-
-def real(path: str | Path) -> str:
-    """A path as the user will find it once the change is in: inside a staged copy, the folder's own."""
-    return in_words(str(path))
-
-
-def in_words(text: str) -> str:
-    """A message with each staged copy's path as the folder's own (what the user knows)."""
-    for change in _ACTIVE.values():
-        if change.staging is not None:
-            text = text.replace(str(change.staging), str(change.given))
-    return text
-
-
-def fail_open(why: str) -> None:
-    """A write step of the open changes failed: they are thrown away at the end (nothing changes)."""
-    for change in _ACTIVE.values():
-        change.fail(why)
 
 
 def _key(folder: str | Path) -> Path:
@@ -78,10 +48,12 @@ def _key(folder: str | Path) -> Path:
 class FolderChange:
     """One change of one tuned folder: locked when made, staged on `begin`, swapped in on `commit`."""
 
-    def __init__(self, folder: str | Path, record_hashes: bool = True):
+    def __init__(self, folder: str | Path, vouch=None):
         self.folder = _key(folder)
         self.given = Path(folder)              # as the user named it: what messages show
-        self.record_hashes = record_hashes     # provenance.json lists every file's sha256 (validate's outputs aside)
+        # called on the staged change before it is swapped in (the folder's handle records every file's
+        # sha256 in its provenance); None: nothing recorded (validate's outputs)
+        self.vouch = vouch
         self.lock_path = self.folder.parent / f".{self.folder.name}.autotune-lock"
         self.staging: Path | None = None
         self.failed: str | None = None
@@ -109,7 +81,6 @@ class FolderChange:
             self._remove_made()
             raise WriteError(f"{self.given} cannot be changed: {e.strerror or e} (its lock "
                              f"{self.lock_path.name} cannot be made beside it)") from None
-        _ACTIVE[self.folder] = self
         for stale in self.folder.parent.glob(f".{self.folder.name}.staged-*"):   # a killed writer's
             shutil.rmtree(stale, ignore_errors=True)
         return self
@@ -118,7 +89,6 @@ class FolderChange:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
-        _ACTIVE.pop(self.folder, None)
         if self._fd is not None:
             locks.release(self.lock_path, self._fd)       # the flock goes with it, and its file
             self._fd = None
@@ -147,6 +117,10 @@ class FolderChange:
         self.staging = staging
         return staging
 
+    def in_words(self, text: str) -> str:
+        """A message with the staged copy's path as the folder's own (what the user knows)."""
+        return text.replace(str(self.staging), str(self.given)) if self.staging is not None else text
+
     def fail(self, why: str) -> None:
         """A write of the change failed: the change is thrown away at the end, whatever else succeeds."""
         self.failed = self.failed or why
@@ -159,11 +133,11 @@ class FolderChange:
             return f"nothing in {self.given} changed: {self.failed}"
         if not _differs(self.folder, self.staging):
             return None
-        if self.record_hashes:
+        if self.vouch is not None:
             try:
-                record_folder_hashes(self.staging)
+                self.vouch()
             except OSError as e:
-                return f"nothing in {self.given} changed: {in_words(str(e))}"
+                return f"nothing in {self.given} changed: {self.in_words(str(e))}"
         now = manifest(self.folder)
         if now != self._before:
             aside = self.folder.parent / f"{self.folder.name}.autotune-change-{os.getpid()}"
@@ -229,7 +203,6 @@ def _differs(a: Path, b: Path) -> bool:
     return (folder_sha256(a, outputs_aside=False) if a.is_dir() else {}) != folder_sha256(b, outputs_aside=False)
 
 
-FOLDER_SHA256 = "folder_sha256"
 # What `autotune validate` writes into a folder it judged (its record names the folder's other files' bytes)
 VALIDATION_JSON, PLOT_PNG, REPORT_MD = "validation.json", "validation.png", "report.md"
 VALIDATE_OUTPUTS = (VALIDATION_JSON, REPORT_MD, PLOT_PNG)
@@ -255,55 +228,3 @@ def folder_sha256(folder: str | Path, outputs_aside: bool = True) -> dict[str, s
             if path.is_file():
                 out[(rel_here / name).as_posix()] = hashlib.sha256(read_bytes(path)).hexdigest()
     return dict(sorted(out.items()))
-
-
-def folder_hashes(folder: Path) -> dict:
-    """{path in the folder: sha256} of every file autotune vouches for: all but provenance.json itself and
-    validate's own outputs (a validation names the bytes it judged, provenance.json among them)."""
-    return {rel: sha for rel, sha in folder_sha256(folder).items() if rel != "provenance.json"}
-
-
-def record_folder_hashes(folder: Path) -> None:
-    """Write into the staged provenance.json the sha256 of every file of the change, so `check` can tell
-    a file changed, added or removed by another hand from what autotune wrote."""
-    from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, read_folder_provenance
-    from autotune.fileio.writing import write_json
-
-    prov = read_folder_provenance(folder)
-    if prov is None:
-        return
-    prov[FOLDER_SHA256] = folder_hashes(folder)
-    write_json(folder / PROVENANCE, prov, ours=PROVENANCE_OURS)
-
-
-def unvouched(folder: Path, prov: dict) -> list[tuple[str, str]]:
-    """What `check` says of files provenance.json's folder_sha256 does not vouch for: added, changed or
-    removed since autotune wrote the folder (empty where provenance records no such list)."""
-    recorded = prov.get(FOLDER_SHA256)
-    if not isinstance(recorded, dict):
-        return []
-    now = folder_hashes(folder)
-    out = [(rel, "not written by autotune (provenance.json does not list it)"
-            + (": SGLang would load it unchecked" if rel.startswith("configs/") else ""))
-           for rel in sorted(now.keys() - recorded.keys())]
-    out += [(rel, "changed since autotune wrote it (its sha256 is not the one provenance.json records)")
-            for rel in sorted(now.keys() & recorded.keys()) if now[rel] != recorded[rel]]
-    out += [(rel, "written by autotune but missing") for rel in sorted(recorded.keys() - now.keys())]
-    return out
-
-
-@contextlib.contextmanager
-def folder_change(folder: str | Path, record_hashes: bool = True):
-    """Hold the folder for one command: locked now, staged by `begin()` (or on first need), swapped in
-    when the block ends without an error, thrown away when it raises or a write of it failed. Yields the
-    change; `change.outcome` says afterwards why nothing changed, if so."""
-    change = FolderChange(folder, record_hashes).lock()
-    try:
-        yield change
-    except BaseException:
-        change.release()
-        raise
-    try:
-        change.outcome = change.commit()
-    finally:
-        change.release()

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from autotune.adapters.sglang_versions import VersionError, parse_targets
 from autotune.errors import CheckError
-from autotune.fileio.reading import load_json
 
 FRESH, DRIFTED = 0, 1
 
@@ -44,24 +43,6 @@ def machine_drift(prov: dict, machine) -> tuple[list[str], list[str]]:
     if dev.get("driver") and machine.driver and dev.get("driver") != machine.driver:
         notes.append(f"driver: measured with {dev['driver']}, this machine has {machine.driver}")
     return drift, notes
-
-
-def read_provenance(folder: str | Path) -> dict:
-    folder = Path(folder)
-    prov_path = folder / "provenance.json"
-    if not folder.is_dir():
-        raise CheckError(f"{folder} is not a folder")
-    try:
-        prov = load_json(prov_path)
-    except FileNotFoundError:
-        raise CheckError(f"{folder} has no provenance.json: not a folder autotune exported") from None
-    except (OSError, ValueError) as e:
-        raise CheckError(f"{prov_path} is not autotune provenance ({type(e).__name__}: {e})") from None
-    from autotune.folder.config_files import provenance_problem
-    why = provenance_problem(prov)
-    if why:
-        raise CheckError(f"{prov_path} is not autotune provenance ({why}); fix it or re-export the folder")
-    return prov
 
 
 def _targets(version_spec: str | None) -> list[str]:
@@ -104,10 +85,12 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
     """(drifted count, report lines). `retime(folder, prov, machine, batch_sizes=)` re-times the files on this
     GPU (the command passes the family's, autotune.families.triton_moe.retime); None: not re-timed."""
     from autotune.folder.config_files import file_problems, files_family
+    from autotune.folder.tuned import TunedFolder
 
     files = files_family()
 
-    prov = read_provenance(folder)
+    tuned = TunedFolder(folder)
+    prov = tuned.recorded()
     targets = _targets(version_spec)
     lines, bad = [], 0
     if not prov["files"]:       # a backend-choices-only export is one; say it rather than a bare "fresh"
@@ -117,8 +100,7 @@ def check_folder(folder: str | Path, version_spec: str | None, machine=None, *, 
     for name, why in broken.items():
         bad += 1
         lines.append(f"drift: {name}: {why}")
-    from autotune.folder.change import unvouched
-    said = unvouched(Path(folder), prov)               # every file, listed or not (where provenance has hashes)
+    said = tuned.unvouched(prov)               # every file, listed or not (where provenance has hashes)
     said += [(rel, "not listed in provenance.json: SGLang would load it unchecked (remove it, or re-export the "
                    "folder)") for rel in unlisted_configs(folder, prov) if rel not in dict(said)]
     for rel, why in said:

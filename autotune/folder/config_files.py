@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from autotune.fileio.writing import sha256
 from autotune.fileio.names import DeviceName, PlainText, TritonVersion, Version, plain_text_problem
 from autotune.measure.recording_header import KINDS
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.fileio.reading import first_error, load_json
 
 
@@ -137,11 +137,6 @@ class BackendChoices(_Record):
 def choices_problem(doc) -> str | None:
     """Why `doc` is not a backend_choice.json autotune reads; None when it is."""
     return first_error(BackendChoices, doc)
-
-
-def provenance_problem(doc) -> str | None:
-    """Why `doc` is not a provenance.json autotune reads; None when it is."""
-    return first_error(Provenance, doc)
 
 
 def config_folder(triton) -> str:

@@ -57,7 +57,7 @@ def _builder_main(conn, settings: Settings, sm: int, log_path: str | None) -> No
     held = contextlib.ExitStack()
     families: dict = {}
     try:
-        from autotune.families.protocol import get_family
+        from autotune.contract.protocol import get_family
         from autotune.measure.measurer import failure_reason
         from autotune.problems.models import problem_from_dict
     except BaseException as e:  # pragma: no cover - reported to the pool

@@ -13,7 +13,7 @@ import time
 from autotune.measure import records
 from autotune.measure.frames import raised_at
 from autotune.measure.timing import DUEL_ROUNDS, duel
-from autotune.families.registry import default as default_family
+from autotune.contract.registry import default as default_family
 from autotune.measure.records import Measurement, failure
 from autotune.measure.tasks import Settings, Task
 
@@ -96,7 +96,7 @@ class Measurer:
 
     def family(self, name: str):
         if name not in self.families:
-            from autotune.families.protocol import get_family
+            from autotune.contract.protocol import get_family
             fam = get_family(name, **self.settings.options.get(name, {}))
             if self.families:   # one family at a time: each keeps its problem's weights for every M
                 self.families.clear()

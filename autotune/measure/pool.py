@@ -315,7 +315,7 @@ class WorkerPool:
     def _compiles_apart(self, task: Task) -> bool:
         name = task.family or self.settings.family
         if name not in self._apart:
-            from autotune.families.protocol import family_class
+            from autotune.contract.protocol import family_class
             self._apart[name] = bool(getattr(family_class(name), "compiles_apart", False))
         return self._apart[name]
 

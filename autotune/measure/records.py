@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autotune.fileio.reading import parse_json, require_regular
-from autotune.families.registry import key_order
+from autotune.contract.config import canonical   # a config in its family's key order (records' configs are)
 
 OK = "ok"
 # Failure statuses. "invalid" is rejected before launch (costs nothing).
@@ -64,16 +64,6 @@ def is_resource_failure(m) -> bool:
 
 CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1
-
-
-def canonical(config: dict) -> dict:
-    """Config in its family's key order, other keys after in sorted order; a switch only when on (the files
-    a family writes read an absent switch as off). The order is the families' declarations
-    (autotune.families.registry.key_order): the records never name a family's keys."""
-    order, switches = key_order()
-    out = {k: config[k] for k in order if k in config and not (k in switches and not config[k])}
-    out.update({k: v for k, v in sorted(config.items()) if k not in out and not (k in switches and not v)})
-    return out
 
 
 def config_key(config: dict) -> str:

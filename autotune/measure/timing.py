@@ -218,7 +218,7 @@ def _flush_buffer():
 
 def time_cpu(launch, n_routings: int, repeats: int = 3, clock=time.perf_counter) -> Timing:
     """Wall-clock stand-in under Triton's interpreter (labelled cpu-interpreter everywhere). `clock`:
-    seconds, the wall clock unless the family brings its own (autotune.families.protocol.KernelFamily.clock)."""
+    seconds, the wall clock unless the family brings its own (autotune.contract.protocol.KernelFamily.clock)."""
     t0 = clock()
     xs = []
     for r in range(repeats):

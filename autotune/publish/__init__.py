@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.families.triton_moe.schema import schema_problem
 from autotune.folder.config_files import config_folder
 from autotune.export import server_args
-from autotune.folder.provenance import PROVENANCE, tuned_names
+from autotune.folder.tuned import TunedFolder, tuned_names
 from autotune.fileio.writing import Files, NotOurs, claim_files, inside, json_bytes, read_json, write_all
 from autotune.fileio.reading import read_bytes
 from autotune import programs
@@ -104,10 +104,10 @@ def _gains(prov: dict) -> list[str]:
 
 
 def _provenance(folder: Path) -> dict:
-    """A folder's provenance.json through check's reader (the one that validates its shape)."""
-    from autotune.folder.check import CheckError, read_provenance
+    """A folder's provenance through check's reader (the one that validates its shape)."""
+    from autotune.errors import CheckError
     try:
-        return read_provenance(folder)
+        return TunedFolder(folder).recorded()
     except CheckError as e:
         raise PublishError(str(e)) from None
 
@@ -116,7 +116,7 @@ def device_folder(src: str | Path) -> str:
     """The folder name a tuned folder is published under (tuned_configs/<it>, branch tuned/<it>): its
     device's, as the export named it, whatever the folder was copied to or reached by (`.`, `x/..`)."""
     src = Path(src)
-    name = ((_provenance(src).get("device") or {}).get("name") if (src / PROVENANCE).exists() else None)
+    name = ((_provenance(src).get("device") or {}).get("name") if TunedFolder(src).has_provenance() else None)
     return name.replace(" ", "_") if isinstance(name, str) and name.strip() else src.resolve().name
 
 
@@ -126,7 +126,8 @@ def _listed(src: Path, rel: str, entry: dict | None = None) -> dict:
     path = src / rel
     if not path.is_file():
         said = f" (its entry names Triton {entry.get('triton')})" if entry else ""
-        raise PublishError(f"{path} is listed in {src / PROVENANCE}{said} but missing: re-export the folder")
+        raise PublishError(f"{path} is listed in {TunedFolder(src).provenance_file}{said} but missing: re-export the "
+                           "folder")
     doc = read_json(path)
     why = schema_problem(doc)
     if why:
@@ -138,7 +139,7 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     """In memory: {relative path: JSON content} to write, the merged provenance, and what the
     serving repo keeps per file. Nothing touches the serving repo until the plan is accepted."""
     ours_all = _provenance(src)
-    theirs_all = _provenance(dest) if (dest / PROVENANCE).exists() else {}
+    theirs_all = _provenance(dest) if TunedFolder(dest).has_provenance() else {}
     writes, kept_all = {}, {}
     merged = {"device": ours_all.get("device"), "files": dict(theirs_all.get("files", {}))}
     changed = False
@@ -172,31 +173,29 @@ def _plan(src: Path, dest: Path) -> tuple[dict, dict, dict]:
     if not changed:
         raise PublishError(f"the serving repo's configs in {dest} are as fast or faster at every batch size "
                            f"(same device and versions): nothing to publish")
-    writes[PROVENANCE] = merged
     return writes, merged, kept_all
 
 
-def _dest_ours(dest: Path) -> dict:
-    """What in the serving repo's folder is ours to replace: its provenance.json (our format) and
-    the config files that provenance lists (the tuned files and the shipped overlay)."""
-    from autotune.folder.provenance import PROVENANCE_OURS, ours_in
-
+def _dest_ours(dest: TunedFolder):
+    """What in the serving repo's folder is ours to replace beside its provenance (which the folder's handle
+    claims): the config files that provenance lists (the tuned files and the shipped overlay)."""
     try:
-        theirs = read_json(dest / PROVENANCE, default=None)
+        theirs = dest.provenance_as_written()
     except ValueError:
         theirs = None
-    return {PROVENANCE: PROVENANCE_OURS,
-            "*": ours_in(theirs if PROVENANCE_OURS(dest / PROVENANCE) else None, dest)}
+    return dest.ours(theirs if dest.provenance_is_ours() else None)
 
 
-def _files(src: Path, dest: Path, writes: dict) -> Files:
+def _files(src: Path, dest: Path, writes: dict, merged: dict) -> Files:
     """Every file the commit holds, its content and what makes the serving repo's copy ours to
     replace; each target resolved inside `dest` (the one place: a name read from a provenance that
     would land outside is refused here, whatever got it past the schema) and claimed."""
     from autotune.validate.report import report_targets
 
-    ours = _dest_ours(dest)
-    files = {inside(dest, rel): (json_bytes(doc), ours.get(rel, ours["*"])) for rel, doc in writes.items()}
+    folder = TunedFolder(dest)
+    ours = _dest_ours(folder)
+    files = {inside(dest, rel): (json_bytes(doc), ours) for rel, doc in writes.items()}
+    files |= folder.provenance_files(merged)
     for target, is_ours in report_targets(dest):        # validate's files travel with the configs
         if (src / target.name).exists():
             try:
@@ -206,7 +205,7 @@ def _files(src: Path, dest: Path, writes: dict) -> Files:
     if (src / server_args.DETAILS).exists():
         # The serving repo's other families stay; ours replace theirs (server_args.merge: one place).
         try:
-            files |= server_args.merged_from(src, dest)
+            files |= server_args.merged_from(src, folder)
         except server_args.ChoicesError as e:
             raise PublishError(f"backend choices cannot be merged into {dest}: {e}") from None
     try:
@@ -239,8 +238,8 @@ def _message(src: Path, merged: dict, verdict: str, kept: dict) -> str:
 
 def publish(src: str | Path, to: str, branch: str, path: str | None = None) -> Outcome:
     src = Path(src)
-    if not (src / PROVENANCE).exists():
-        raise PublishError(f"{src} holds no {PROVENANCE}: nothing tuned to publish")
+    if not TunedFolder(src).has_provenance():
+        raise PublishError(f"{src} holds no provenance.json: nothing tuned to publish")
     verdict = validation_verdict(src)
     if not is_url(to):
         repo = Path(to)
@@ -280,7 +279,7 @@ def _publish_into(repo: Path, src: Path, branch: str, path: str | None, verdict:
         raise PublishError(f"branch {branch} already exists in {repo}")
     dest = _destination(repo, src, path)
     writes, merged, kept = _plan(src, dest)
-    files = _files(src, dest, writes)
+    files = _files(src, dest, writes, merged)
     _validated(src)
     refuse_ignored(repo, files)             # every refusal up to here: the repo is untouched
     msg = _message(src, merged, verdict, kept)

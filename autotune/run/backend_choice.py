@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.errors import NothingDone, UsageError
-from autotune.folder.change import real, tuned_folder
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
 @dataclass
 class BackendChoice(Step):
     """The backend families' plans. Its check (a run that writes): the folder's earlier choices can be
     merged with this run's, and FlashInfer's files there are ours to replace."""
+    needs = ("request", "device", "sinks", "plan_only", "plans", "pool", "storage", "run_name", "folder")
     plans: list = field(default_factory=list)
     mix: str = "decode"                 # the workload the one backend per server is chosen for
     checkpoint: str | None = None       # the family whose choice server_args.yaml gives as --checkpoint's
@@ -28,11 +28,11 @@ class BackendChoice(Step):
         if not self.plans or ctx.plan_only:
             return
         try:       # a folder whose choices cannot be merged is refused before anything is measured
-            server_args.check_folder(ctx.request.out, ctx.device)
+            server_args.check_folder(ctx.folder)
         except server_args.ChoicesError as e:
             raise UsageError(str(e)) from None
-        claim(ctx.tuned_folder() / BLOCKLIST_FILE, json_with("invalid_tactics"))
-        claim(ctx.tuned_folder() / CACHE_FILE, json_with("_metadata"))
+        claim(ctx.folder.path / BLOCKLIST_FILE, json_with("invalid_tactics"))
+        claim(ctx.folder.path / CACHE_FILE, json_with("_metadata"))
 
     def run(self, ctx) -> None:
         from autotune.run.plan import phase_name
@@ -66,7 +66,7 @@ def choose_backends(ctx, plans, mix: str, checkpoint: str | None) -> bool:
             per_problem.extend((p, per_m) for per_m in pinned.values())
         both = choose_server_backend(ctx, fp, tuners, mix)
         results.append((both, fp.family))
-        write_tactic_files(ctx.request.out, ctx.device, fp.family, tuners, per_problem, summary)
+        write_tactic_files(ctx.folder, fp.family, tuners, per_problem, summary)
         summary.data[f"{fp.name} server"] = {c.mix: c.backend for c in both}
         summary.data[f"{fp.name} auto"] = both[0].auto_line
     if not any(c.backend for chosen, _ in results for c in chosen):
@@ -77,10 +77,10 @@ def choose_backends(ctx, plans, mix: str, checkpoint: str | None) -> bool:
               + ", ".join(fam.name for _, fam in results))
         return False
     try:
-        path = server_args.write(ctx.request.out, ctx.device, results, checkpoint, details)
+        path = server_args.write(ctx.folder, results, checkpoint, details)
     except server_args.ChoicesError as e:
         raise UsageError(f"server_args.yaml not written: {e}") from None
-    path = real(path)
+    path = ctx.folder.real(path)
     print(f"\nwrote {path}")
     summary.data["server_args"] = path
     return True
@@ -142,7 +142,7 @@ def choose_server_backend(ctx, fp, tuners, mix: str) -> list:
     return [chosen, other]
 
 
-def write_tactic_files(out, device, family, tuners, per_problem, summary) -> None:
+def write_tactic_files(tuned, family, tuners, per_problem, summary) -> None:
     """FlashInfer's cache of the winning tactics and its blocklist of the disqualified ones,
     beside the tuned configs (autotune.export.tactics). `per_problem`: (problem, M -> Choice) pairs,
     one per tunable backend (BackendTuner.tactic_choices)."""
@@ -151,7 +151,7 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary) -> Non
 
     if getattr(family, "runner", None) is None:
         return
-    folder = tuned_folder(out, device)
+    device, folder = tuned.device, tuned.path
     invalid = files.blocklist_of(family, tuners)
     if invalid:
         path = folder / files.BLOCKLIST_FILE
@@ -159,7 +159,7 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary) -> Non
             files.write_blocklist(path, invalid, files.blocklist_metadata(device.name))
         except ValueError as e:
             raise UsageError(str(e)) from None
-        path = real(path)
+        path = tuned.real(path)
         print(f"wrote {path} ({sum(map(len, invalid.values()))} disqualified tactics; SGLang's start-up tuning "
               f"skips them with FLASHINFER_TACTICS_BLOCKLIST={path})")
         summary.data.setdefault("flashinfer_blocklist", path)
@@ -183,7 +183,7 @@ def write_tactic_files(out, device, family, tuners, per_problem, summary) -> Non
     except ValueError as e:
         print(f"  {len(entries)} winning tactics not written to {path.name}: {e}")
         return
-    path, folder = real(path), real(folder)
+    path, folder = tuned.real(path), tuned.real(folder)
     print(f"wrote {path} ({len(entries)} winning tactics; `autotune install {folder} --model-path ... --tp ...` "
           "puts it where SGLang reads it, one identical file per rank)")
     summary.data.setdefault("flashinfer_cache", path)

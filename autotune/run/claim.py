@@ -6,15 +6,22 @@ on the run name (autotune.store.run_lock)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from autotune.errors import UsageError
-from autotune.run.context import Step
+from autotune.run.step import Step
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 
 @dataclass
 class ClaimStorage(Step):
+    needs = ("request", "device", "run_name", "held", "plans")   # plans: what `export`'s reads checks
+    provides = ("storage",)
     heartbeat_s: float | None = None   # `worker`: studies shared with other processes, each alive by its heartbeats
-    reads: object = None               # `export`: reads a run that exists; reads(storage) checks what it needs first
+    # `export`: reads a run that exists; reads(storage) checks what it needs of it first
+    reads: Callable[[BaseStorage], None] | None = None
 
     def run(self, ctx) -> None:
         from autotune.store.storage import StorageError, claim, open_storage, target
@@ -41,6 +48,7 @@ class ClaimStorage(Step):
 
 class RunLock(Step):
     """`autotune run`'s hold on its run name, taken once the storage is claimed and kept to the end."""
+    needs = ("request", "storage", "run_name", "held")
 
     def run(self, ctx) -> None:
         from autotune.store.run_lock import run_lock

@@ -1,30 +1,35 @@
-"""`autotune run`'s (and `export`'s) config-search step (the Triton fused-MoE configs): search each problem, select per M,
-confirm the picks as SGLang runs the layer (on a GPU), write SGLang's files, then lay SGLang's
-shipped files and the other SKU names beside them."""
+"""`autotune run`'s (and `export`'s) config-search step: for each config family (registry.CONFIGS), search each
+problem, then the family's hooks (autotune.contract.protocol.ConfigFamily): select per M, check the picks as the
+server runs them, write its files, and what goes beside them once they are in. The step keeps the loop, the
+budget's share per problem and what the run says; what the files are is the family's."""
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
 
 from autotune.errors import NothingDone, UsageError
-from autotune.folder.change import real, tuned_folder
-from autotune.run.context import Step
+from autotune.run.step import Step
 from autotune.run.sinks import after_search
 
 
 @dataclass
 class ConfigSearch(Step):
-    """The Triton-config families' plans. Its check: the --device-name values, then (a run that writes)
-    every file the export will write is one autotune may overwrite."""
+    """The config families' plans. Its check (a run that writes): every file the export will write into
+    the tuned folder is one autotune may overwrite."""
     plans: list = field(default_factory=list)
     wrote: bool = False
+    problems_left: int = 0      # the problems not yet searched: they share what is left of --budget
+    needs = ("request", "device", "settings", "sinks", "plan_only", "plans", "cache", "pool", "storage", "run_name",
+             "folder")
+    provides = ("clock",)
 
     def check(self, ctx) -> None:
         check_config_files(ctx, self.plans)
 
     def run(self, ctx) -> None:
-        from autotune.families import registry
+        from autotune.contract import registry
         from autotune.run.plan import phase_name
         from autotune.search.context import Clock
 
@@ -33,9 +38,41 @@ class ConfigSearch(Step):
         if hasattr(ctx.pool, "use_phase"):
             ctx.pool.use_phase(phase_name(registry.CONFIGS))
         ctx.clock = Clock(ctx.pool)       # a replay's budget counts the search's recorded device time, from here
-        ctx.problems_left = sum(len(fp.problems) for fp in self.plans)
+        self.problems_left = sum(len(fp.problems) for fp in self.plans)
         for fp in self.plans:
-            self.wrote |= search_family(ctx, fp)
+            self.wrote |= self.search_family(ctx, fp)
+
+    def search_family(self, ctx, fp) -> bool:
+        """Search, select and export each problem of `fp`; True when a file was written for one of them."""
+        from autotune.search.study import ProblemTuner
+
+        family, record = fp.family, ctx.sinks.record
+        wrote = False
+        for p in fp.problems:
+            t0 = time.monotonic()
+            ctx.settings.ends_at = problem_end(ctx, self.problems_left)
+            self.problems_left -= 1
+            phases = Phases()
+            with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
+                                        p.key) as bar:
+                tuner = ProblemTuner(ctx, p, family, progress=bar)
+                bar.update(sum(s.asked for s in tuner.slots.values()))
+                phases.done("studies opened")
+                tuner.measure_baselines()
+                phases.done("baselines")
+                tuner.search()
+                phases.done("search")
+            if ctx.settings.ends_at is not None and not any(sl.asks_here for sl in tuner.slots.values()):
+                print(f"  --budget left no time to search {p.key}: the start and the baselines took "
+                      f"{time.monotonic() - t0:.0f} s of it and the finalists' checks need the rest; its files hold the "
+                      "faster of SGLang's own configs per batch size (a larger --budget searches)")
+            wrote |= select_and_export(ctx, tuner, t0, phases)
+            if record.path:
+                after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
+                             (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
+        if wrote:
+            family.after_export(ctx.folder, functools.partial(after_search, ctx.sinks.summary))
+        return wrote
 
     def nothing_done(self, ctx) -> Exception:
         """Why the run ends without a file of these families (the lines above say what each problem lacked)."""
@@ -50,9 +87,9 @@ class ConfigSearch(Step):
 FINISH_S = 6.0
 
 
-def problem_end(ctx) -> float | None:
+def problem_end(ctx, problems_left: int) -> float | None:
     """On a GPU with --budget (the run's wall time from the process's start): when this problem's files must be
-    written, the time left shared equally by the problems left, less what the backend choice after them is
+    written, the time left shared equally by the `problems_left`, less what the backend choice after them is
     estimated to take (autotune.run.scope). None elsewhere: a replay's budget is its recorded device seconds."""
     from autotune.search.context import process_started
 
@@ -60,12 +97,12 @@ def problem_end(ctx) -> float | None:
     if budget is None or ctx.device.kind != "gpu":
         return None
     end = process_started() + budget - FINISH_S - backend_choice_s(ctx)
-    return time.monotonic() + max(0.0, end - time.monotonic()) / max(1, ctx.problems_left)
+    return time.monotonic() + max(0.0, end - time.monotonic()) / max(1, problems_left)
 
 
 def backend_choice_s(ctx) -> float:
     """The scope's estimate of the backend families' device time in this run (0 where there are none)."""
-    from autotune.families import registry
+    from autotune.contract import registry
     from autotune.problems.selection import selection
     from autotune.run.scope import scope
 
@@ -80,82 +117,13 @@ def backend_choice_s(ctx) -> float:
 def check_config_files(ctx, plans) -> None:
     from autotune.errors import ExportError
 
-    skus = sku_names(ctx)
     if ctx.plan_only:
         return
     try:
         for fp in plans:
-            fp.family.export_targets(ctx.request.out, ctx.device, fp.problems, skus)
+            fp.family.export_targets(ctx.folder, fp.problems)
     except ExportError as e:
         raise UsageError(str(e)) from None
-
-
-def search_family(ctx, fp) -> bool:
-    """Search, select and export each problem of `fp`; True when a file was written for one of them."""
-    from autotune.search.study import ProblemTuner
-
-    family, record = fp.family, ctx.sinks.record
-    wrote = False
-    for p in fp.problems:
-        t0 = time.monotonic()
-        ctx.settings.ends_at = problem_end(ctx)
-        ctx.problems_left -= 1
-        phases = Phases()
-        with ctx.sinks.progress.bar(ctx.settings.trials * len(p.batch_sizes) * len(family.gemms), "trial",
-                                    p.key) as bar:
-            tuner = ProblemTuner(ctx, p, family, progress=bar)
-            bar.update(sum(s.asked for s in tuner.slots.values()))
-            phases.done("studies opened")
-            tuner.measure_baselines()
-            phases.done("baselines")
-            tuner.search()
-            phases.done("search")
-        if ctx.settings.ends_at is not None and not any(sl.asks_here for sl in tuner.slots.values()):
-            print(f"  --budget left no time to search {p.key}: the start and the baselines took "
-                  f"{time.monotonic() - t0:.0f} s of it and the finalists' layer check needs the rest; its files hold the "
-                  "faster of SGLang's own pairs per batch size (a larger --budget searches)")
-        wrote |= select_and_export(ctx, tuner, t0, phases)
-        if record.path:
-            after_search(ctx.sinks.summary, f"--record {record.path}", record.add, ctx.device, p,
-                         (m for d in tuner.measured.values() for m in d.values()), careful=tuner.careful.values())
-    if wrote:
-        after_search(ctx.sinks.summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                     ctx, family, folder_step=True)
-    return wrote
-
-
-def sku_names(ctx) -> tuple[str, ...]:
-    """--device-name values, checked before anything is measured."""
-    from autotune.export.skus import SkuError, check_name
-    from autotune.gpus.catalog import same_product
-
-    device, names = ctx.device, []
-    for raw in ctx.request.device_name or ():
-        try:
-            name = check_name(raw)
-        except SkuError as e:
-            raise UsageError(str(e)) from None
-        if same_product(device.name, name) is False:
-            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
-                             "measured there")
-        if name.replace(" ", "_") in (n.replace(" ", "_") for n in names):   # one file name: written twice
-            raise UsageError(f"--device-name {name!r} is given twice; each SKU is written once")
-        names.append(name)
-    return tuple(names)
-
-
-def overlay(ctx, family) -> None:
-    from autotune.families.triton_moe.overlay import overlay_shipped
-    from autotune.export.skus import copy_for_skus
-
-    device = ctx.device
-    folder = tuned_folder(ctx.request.out, device)
-    skus = sku_names(ctx)
-    for path in copy_for_skus(folder, device.name, list(skus)):
-        print(f"  wrote {real(path)} (same configs, for another SKU)")
-    rec = overlay_shipped(folder, device, family.sglang_versions, sku_names=skus)
-    print(f"  SGLang {rec['sglang']}'s shipped files for {device.name}: {len(rec['files'])} copied beside ours "
-          f"(SGLANG_MOE_CONFIG_DIR replaces SGLang's folder), {len(rec['skipped'])} left out (provenance.json says why)")
 
 
 class Phases:
@@ -176,112 +144,61 @@ class Phases:
 
 
 def select_and_export(ctx, tuner, t0, phases=None) -> bool:
-    """Select each M's pair and write the problem's files (the family's `select` and `export`); False (nothing
-    written) where no finalist, baselines included, ran correctly at any M: a file of `{}` would replace
-    SGLang's shipped one."""
+    """Select each M's finalist, check the picks as the server runs them and write the problem's files (the
+    family's `select`, `confirm` and `export`); False (nothing written) where no finalist, baselines included,
+    ran correctly at any M: a file of `{}` would replace SGLang's shipped one."""
     from autotune.run.report import problem_table, table_records
-    from autotune.store.storage import safe_url
 
-    p, settings, req, device = tuner.problem, tuner.settings, ctx.request, ctx.device
+    p, family, device = tuner.problem, tuner.family, ctx.device
     clock, summary = ctx.clock, ctx.sinks.summary
     phases = phases or Phases()
-    choices = tuner.family.select(tuner, settings.top, settings.careful_repeats)
+    choices = family.select(tuner, tuner.settings.top, tuner.settings.careful_repeats)
     phases.done("selection")
     if not choices:
         print(f"\n{p.key}: no config ran correctly at any batch size, SGLang's default and shipped ones "
               "included: no file written for it")
         return False
-    layer = _confirm_by_layer(p, choices, device, tuner.pool, summary)
-    phases.done("layer check")
-    trials = {M: tuner.trials_at(M) for M in p.batch_sizes}
-    run_info = {"command": "autotune " + " ".join(sys.argv[1:]), "trials_per_study": settings.trials,
-                "evaluations": tuner.evaluations(), "measured_this_run": tuner.measured_now,
-                "complete": tuner.complete(), "device_seconds": round(clock.device_s(), 1),
-                "wall_seconds": round(time.monotonic() - t0, 1),
-                "storage": safe_url(req.storage or "sqlite:///autotune.db"),
-                "warm_start": req.warm_start, "warm_start_configs": tuner.warm_queued,
-                "per_M": {M: {"trials": n, "failed": f, **({"layer": layer[M]} if M in layer else {})}
-                          for M, (n, f) in trials.items()}}
-    written = after_search(summary, f"writing the files of {p.key}", tuner.family.export, req.out, device, p,
-                           choices, run_info, folder_step=True)
+    checked = family.confirm(tuner, choices, functools.partial(after_search, summary))
+    phases.done(checked.step)
+    run = problem_run(ctx, tuner, t0, checked)
+    written = after_search(summary, f"writing the files of {p.key}", family.export, ctx.folder, p, choices, run,
+                           writes=ctx.folder)
     phases.done("files")
     if written is None:
         return False
-    written["files"] = [real(f) for f in written["files"]]
+    written["files"] = [ctx.folder.real(f) for f in written["files"]]
     print(f"\n{p.key} ({'replay' if device.is_replay else device.name}): {tuner.evaluations()} configs measured "
           f"({tuner.measured_now} device measurements by this run, careful re-measurements of the finalists "
           f"included), device time {clock.device_s():.0f} s")
-    table = problem_table(choices, trials, layer)
+    table = problem_table(choices, run.trials, checked.columns)
     ctx.sinks.report.table(table)
     timed = {"time_s": {**phases.seconds, "asks": round(tuner.ask_s, 1), "stores": round(tuner.tell_s, 1)}} \
         if device.kind == "gpu" else {}            # a replay's seconds are the CPU's: they say nothing of a GPU run
-    summary.add(tuner.family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
-                                    "kept": written["kept"], "evaluations": tuner.evaluations(),
-                                    "measured_this_run": tuner.measured_now, **timed})
+    summary.add(family.name, {"problem": p.key, "per_M": table_records(table), "files": written["files"],
+                              "kept": written["kept"], "evaluations": tuner.evaluations(),
+                              "measured_this_run": tuner.measured_now, **timed})
     if timed:
         print(phases.line(tuner))
     for M, why in written["kept"].items():
         print(f"  M={M}: kept the existing config ({why})")
     print("  wrote " + "\n  wrote ".join(written["files"]))
     for M in written["missing"]:
-        why = why_no_pair(tuner, M)
+        why = family.why_unselected(tuner, M)
         print(f"  M={M}: no key written: {why} (SGLang takes the nearest batch size's key)")
         summary.incomplete(f"{p.key} has no key for M={M} ({why})")
     return True
 
 
-def why_no_pair(tuner, M: int) -> str:
-    """Why the selection found no (gate_up, down) pair at M that ran correctly."""
-    from collections import Counter
+def problem_run(ctx, tuner, t0: float, checked):
+    """What the run did for the problem, as the family's export records it beside its files."""
+    from autotune.contract.protocol import ProblemRun
+    from autotune.store.storage import safe_url
 
-    from autotune.measure.records import INVALID
-
-    parts = []
-    for g in tuner.family.gemms:
-        ms = [m for m in tuner.measured[g, M].values() if m.status != INVALID]
-        if not any(m.ok for m in ms):
-            counts = ", ".join(f"{n} {status}" for status, n in Counter(m.status for m in ms).most_common())
-            first = next((m.reason for m in ms if m.reason), "")
-            parts.append(f"no {g} config ran correctly ({counts or 'none measured'}" +
-                         (f"; e.g. {first[:160]}" if first else "") + ")")
-    return "; ".join(parts) or f"no re-measured pair sharing {tuner.family.coupled} ran correctly"
-
-
-def _confirm_by_layer(problem, choices, device, pool, summary) -> dict:
-    """On a GPU: each M's pick made as SGLang serves the layer (autotune.families.triton_moe.confirm): the
-    selection's best pairs and SGLang's shipped and default ones timed in SGLang's own MoE block, the fastest
-    written (a tuned pair only beyond the spread). A replay has no layer to time: its picks stand on the
-    recorded per-GEMM times, and it says so. The check runs in this process, held to its share of the GPU
-    memory plan; where it fails (out of memory, say) the selection's picks are written and the run says the
-    check is missing."""
-    from autotune.families.triton_moe.confirm import confirm_by_layer
-    from autotune.families.triton_moe.layer_timing import LayerError
-
-    if device.kind != "gpu":
-        return {}
-    fraction = pool.main_fraction() if hasattr(pool, "main_fraction") else None
-    try:
-        if fraction is not None:
-            import torch
-
-            from autotune.gpus.memory_plan import limit_process
-            gpu = pool.memory_plan.gpus[0].index
-            torch.cuda.set_device(gpu)
-            limit_process(fraction, gpu)
-        layer = after_search(summary, f"the layer check of {problem.key}", confirm_by_layer, problem, choices,
-                             device, pace=getattr(pool, "pace", None), let_through=LayerError) or {}
-    except LayerError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
-        print(f"  layer check of {problem.key} not done: {e}")
-        return {}
-    finally:                      # the workers' next phase may need what this process held
-        import gc
-
-        import torch
-        gc.collect()
-        torch.cuda.empty_cache()
-    for M, rec in sorted(layer.items()):
-        if "pick_was" in rec:
-            others = ", ".join(f"{s} {us:.1f}" for s, us in rec["us"].items() if s != rec["picked"])
-            print(f"  M={M}: as SGLang runs the layer, {rec['picked']} ({rec['source']}) {rec['us'][rec['picked']]:.1f} µs "
-                  f"is written, not the selection's {rec['pick_was']} pick ({others} µs)")
-    return layer
+    req = ctx.request
+    return ProblemRun(command="autotune " + " ".join(sys.argv[1:]), trials_per_study=tuner.settings.trials,
+                      evaluations=tuner.evaluations(), measured_this_run=tuner.measured_now,
+                      complete=tuner.complete(), device_seconds=round(ctx.clock.device_s(), 1),
+                      wall_seconds=round(time.monotonic() - t0, 1),
+                      storage=safe_url(req.storage or "sqlite:///autotune.db"), warm_start=req.warm_start,
+                      warm_start_configs=tuner.warm_queued,
+                      trials={M: tuner.trials_at(M) for M in tuner.problem.batch_sizes}, checked=checked)

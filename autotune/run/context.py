@@ -1,11 +1,7 @@
-"""What every step of a command that measures works on (`run`, `worker`, `export`, `record`), and the
-shape of a step.
-
-A command is a list of steps over one RunContext. Each step owns its preconditions, `check(ctx)`, and
-its work, `run(ctx)`; the command (autotune.run.pipeline) calls every step's check, then every step's
-run. A check reads and refuses (UsageError, one line) and changes nothing: no file, no storage row, no
-process. So a run refused for any reason has changed nothing, and a run that passed its checks is
-refused by nothing it could have known before measuring.
+"""What every step of a command that measures works on (`run`, `worker`, `export`, `record`): one RunContext,
+each of its fields filled by the command as it makes the context (COMMAND), by the opening of the device
+(autotune.run.opening.PROVIDES), or by the one step that declares it provides it (autotune.run.step: a step
+declares what it needs and provides, and the command checks their order before any step runs).
 
 What the steps leave beside their work (--record, the --json summary, progress bars, report tables)
 goes to the sinks the context carries (autotune.run.sinks), never to the writers directly.
@@ -14,47 +10,43 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
 from autotune.run.requests import TuneRequest
 from autotune.run.sinks import Sinks
 from autotune.search.context import SearchContext, TuneSettings
 
+if TYPE_CHECKING:
+    from autotune.folder.tuned import TunedFolder
+    from autotune.gpus.memory_plan import MemoryPlan
+    from autotune.measure.records import Cache
+    from autotune.problems.models import Expansion
+    from autotune.run.plan import FamilyPlan
+
 
 @dataclass
 class RunContext(SearchContext):
-    """The search's context (storage, device, pool, settings, run name, clock) and the rest of the run:
-    the request, the sinks, and what opening the device found. Filled as the command goes: the device,
-    plans and memory plan by the opening; the pool, storage and folder change by the steps that own them."""
+    """The search's context (storage, device, pool, settings, run name, clock: autotune.search.context) and the
+    rest of the run. Who fills each field: the command (COMMAND), the opening (autotune.run.opening.PROVIDES:
+    the device, what was replayed, the plans, the memory plan, the run name; a replay's pool), or the step that
+    provides it (Workers the pool, ClaimStorage the storage, HoldFolder the folder, the searches the clock)."""
     request: TuneRequest | None = None    # the command's request: RunRequest, WorkerRequest, ...
     sinks: Sinks | None = None
     plan_only: bool = False       # a dry run: planned and checked, nothing written or measured
-    kernels: tuple = ()           # the families asked for, in --kernels order
-    cache: object = None          # the replayed recording (autotune.measure.records.Cache), if any
-    gpus: list = field(default_factory=list)      # the GPU indices the pool's workers use
-    expansion: object = None      # the fused-MoE problems of the selection (autotune.problems.models.Expansion)
-    plans: list = field(default_factory=list)     # autotune.run.plan.FamilyPlan per requested family
-    memory: object = None         # the GPU memory plan (autotune.gpus.memory_plan), None off a GPU
-    options: dict = field(default_factory=dict)   # family -> what its protocol object is built with
-    change: object = None         # the tuned folder's change (autotune.folder.change.FolderChange)
-    problems_left: int = 0        # the config searches' problems not yet searched (they share what is left of --budget)
+    kernels: tuple[str, ...] = ()                 # the families asked for, in --kernels order
+    cache: Cache | None = None                    # the replayed recording, if any
+    gpus: list[int] = field(default_factory=list)      # the GPU indices the pool's workers use
+    expansion: Expansion | None = None            # the fused-MoE problems of the selection
+    plans: list[FamilyPlan] = field(default_factory=list)     # one per requested family
+    memory: MemoryPlan | None = None              # the GPU memory plan, None off a GPU
+    options: dict[str, dict] = field(default_factory=dict)   # family -> what its protocol object is built with
+    folder: TunedFolder | None = None             # the tuned folder: its paths, provenance, change
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)   # pool, locks, the change
 
-    def tuned_folder(self):
-        """The device's folder under --out, as the user names it (the change stages a copy of it)."""
-        return Path(self.request.out) / self.device.file_name
 
-
-class Step:
-    """One step of a command. `check`: its preconditions, before any step runs, changing nothing;
-    `run`: its work. Both do nothing unless the step says otherwise."""
-
-    def check(self, ctx: RunContext) -> None:
-        pass
-
-    def run(self, ctx: RunContext) -> None:
-        pass
+# What a command fills as it makes the context, before the opening and any step.
+COMMAND = ("request", "settings", "sinks", "plan_only", "kernels", "held")
 
 
 def search_settings(req, budget) -> TuneSettings:
@@ -69,7 +61,7 @@ def load_warm_start(path):
     configs are those of the config family the commands that name none work on."""
     if not path:
         return None
-    from autotune.families import registry
+    from autotune.contract import registry
     from autotune.search.warm_start import WarmStartError, load
     try:
         warm = load(path, registry.get(registry.default()).cls)

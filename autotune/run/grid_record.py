@@ -5,10 +5,14 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
-from autotune.families import registry
-from autotune.run.context import Step
+from autotune.contract import registry
+from autotune.run.step import Step
+
+if TYPE_CHECKING:
+    from autotune.measure.records import Cache
 
 
 @dataclass
@@ -16,9 +20,10 @@ class RecordGrid(Step):
     """Every config of the search space (this --shard of it) and SGLang's baselines at every M of the
     problems, measured into --cache (extended: what it holds is not measured again). Its check: --cache
     is a measurement cache or absent, read before any worker starts."""
+    needs = ("request", "device", "sinks", "plans", "pool")
     cache_path: str
     shard: tuple | None = None
-    old: object = None             # what --cache holds, read by the check
+    old: Cache | None = None       # what --cache holds, read by the check
 
     def check(self, ctx) -> None:
         from autotune.measure.records import CacheError, read_cache
@@ -33,7 +38,7 @@ class RecordGrid(Step):
 
 
 def record_grid(ctx, path: str, old, shard) -> None:
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
     from autotune.measure.records import Cache, write_cache
     from autotune.measure.tasks import run_tasks
 

@@ -5,14 +5,17 @@ measuring pool is a step's (autotune.run.workers)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.problems.selection import selection
 from autotune.run.plan import by_step, phase_name
 
 from autotune.gpus.memory_plan import WORKERS_PER_GPU
+
+# The context's fields the opening fills, before any step runs (autotune.run.step.check_order); a replay's pool
+# too, which the Workers step then holds as it holds a pool it starts.
+PROVIDES = ("device", "cache", "gpus", "options", "expansion", "plans", "memory", "run_name")
 
 
 def open_device(ctx, kernels=None, target=None, drifted=None, skip=None) -> None:
@@ -54,8 +57,8 @@ def open_device(ctx, kernels=None, target=None, drifted=None, skip=None) -> None
         if any(g >= device.gpu_count for g in gpus):
             raise UsageError(f"--gpus {req.gpus}: this machine has {device.gpu_count} GPU(s) (0-{device.gpu_count - 1})")
     if not req.replay and device.kind != "planned":
-        from autotune.families.triton_moe.tma import tma_supported
-        device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions, "triton_tma": tma_supported()}})
+        device = devmod.DeviceInfo(**{**device.__dict__, "versions": {**device.versions,
+                                                                       "triton_tma": local_gpu.triton_has_tma()}})
     ctx.device, ctx.cache, ctx.gpus = device, cache, gpus
     ctx.options = family_options(req, device, skip)
     ctx.expansion, ctx.plans = plan_families(ctx, kernels, drifted)
@@ -84,7 +87,7 @@ def run_name(req, device) -> str:
 def memory_plan(req, device, gpus: list[int], plans):
     """The GPU memory plan (autotune.gpus.memory_plan) of a GPU here or a catalog GPU planned for; None on the
     CPU. A problem one worker (with the run's own layer check) cannot hold is left out, with why."""
-    from autotune.families import registry
+    from autotune.contract import registry
     from autotune.gpus import memory_plan as gm
     from autotune.gpus.catalog import find
 
@@ -141,10 +144,12 @@ def footprint(family, problem, device, routings: int):
 
 def family_options(req, device, skip: str | None = None) -> dict:
     """family -> what its protocol object is built with: the run settings its registry entry names
-    (autotune.families.registry.RUN_OPTIONS); `skip`: --skip-backends."""
-    from autotune.families import registry
+    (autotune.contract.registry.RUN_OPTIONS); `skip`: --skip-backends."""
+    from autotune.contract import registry
 
-    tuned = str(Path(req.out or "tuned_configs") / device.file_name)
+    from autotune.folder.tuned import TunedFolder
+
+    tuned = str(TunedFolder.under(req.out or "tuned_configs", device).given)
     skip = skipped_backends(skip or "")
     given = {"space_path": req.search_space, "sglang_versions": targets(req), "triton_config_dir": tuned}
     return {name: {k: skip.get(name, ()) if k == "skip" else given[k] for k in registry.get(name).options}
@@ -154,8 +159,8 @@ def family_options(req, device, skip: str | None = None) -> dict:
 def skipped_backends(text: str) -> dict:
     """family -> backends --skip-backends leaves out there: NAME in every family that has it,
     FAMILY:NAME in that family only (moe_bf16:flashinfer_cutlass keeps the NVFP4 one)."""
-    from autotune.families.capabilities import runners
-    from autotune.families.registry import BACKENDS, names
+    from autotune.contract.capabilities import runners
+    from autotune.contract.registry import BACKENDS, names
 
     FAMILIES = names(BACKENDS)
     out: dict = {f: [] for f in FAMILIES}
@@ -200,13 +205,14 @@ def drifted_plan(ctx, folder):
     """--only-drifted FOLDER: the Triton MoE problems of the folder's files that no longer fit this
     machine or the target SGLang releases (autotune check's reasons), each with its batch sizes."""
     from autotune.problems import models
-    from autotune.folder.check import CheckError, file_drift, read_provenance
-    from autotune.families.protocol import get_family
+    from autotune.folder.check import CheckError, file_drift
+    from autotune.folder.tuned import TunedFolder
+    from autotune.contract.protocol import get_family
     from autotune.run.plan import family_plan
 
     device = ctx.device
     try:
-        prov = read_provenance(folder)
+        prov = TunedFolder(folder).recorded()
         drift = file_drift(prov, targets(ctx.request), None if device.is_replay else device)
     except CheckError as e:
         raise UsageError(f"--only-drifted: {e}") from None

@@ -1,23 +1,30 @@
-"""Where a command's results go: the tuned folder under --out, changed as one (autotune.folder.change),
-and the single-file outputs beside it (--json, --record, --worker-log, the SQLite storage), checked to
-name different files outside the folder before anything is measured."""
+"""Where a command's results go: the tuned folder under --out, one handle (autotune.folder.tuned.TunedFolder)
+changed as one, and the single-file outputs beside it (--json, --record, --worker-log, the SQLite storage),
+checked to name different files outside the folder before anything is measured."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
-class TunedFolder(Step):
-    """Checks that the folder can be written and that no single-file output names it, another output or
-    a path under a file; runs by taking the folder's one-writer lock and staging its change."""
+class HoldFolder(Step):
+    """Its check opens the tuned folder's handle on the context (its paths and the --device-name SKU names its
+    files are also written under: nothing on disk) and checks that the folder can be written and that no
+    single-file output names it, another output or a path under a file; it runs by taking the folder's
+    one-writer lock and staging its change."""
+    needs = ("request", "device", "sinks", "plan_only", "held")
+    provides = ("folder",)
 
     def check(self, ctx) -> None:
+        from autotune.folder.tuned import TunedFolder
+
+        ctx.folder = TunedFolder.under(ctx.request.out, ctx.device, sku_names(ctx))
         if ctx.plan_only:
             return
         from autotune.fileio.writing import check_writable, tree_problem
-        from autotune.folder.provenance import nested_problem
+        from autotune.folder.tuned import nested_problem
 
         why = nested_problem(ctx.request.out)
         if why:
@@ -26,17 +33,35 @@ class TunedFolder(Step):
             check_writable(ctx.request.out)
         except OSError as e:
             raise UsageError(str(e))
-        why = tree_problem(ctx.tuned_folder())      # staged beside it, swapped in by a rename: all of it changes
+        why = tree_problem(ctx.folder.given)      # staged beside it, swapped in by a rename: all of it changes
         if why:
-            raise UsageError(f"output folder {ctx.tuned_folder()} cannot be changed: {why}; nothing measured "
+            raise UsageError(f"output folder {ctx.folder.given} cannot be changed: {why}; nothing measured "
                              "(make it writable, or name another --out)")
         check_distinct_files(ctx)
 
     def run(self, ctx) -> None:
-        from autotune.folder.change import folder_change
+        ctx.held.enter_context(ctx.folder.held())
+        ctx.folder.begin()
 
-        ctx.change = ctx.held.enter_context(folder_change(ctx.tuned_folder()))
-        ctx.change.begin()
+
+def sku_names(ctx) -> tuple[str, ...]:
+    """--device-name values, checked before anything is measured."""
+    from autotune.export.skus import SkuError, check_name
+    from autotune.gpus.catalog import same_product
+
+    device, names = ctx.device, []
+    for raw in ctx.request.device_name or ():
+        try:
+            name = check_name(raw)
+        except SkuError as e:
+            raise UsageError(str(e)) from None
+        if same_product(device.name, name) is False:
+            raise UsageError(f"--device-name {name!r} is another chip than {device.name!r}: its configs must be "
+                             "measured there")
+        if name.replace(" ", "_") in (n.replace(" ", "_") for n in names):   # one file name: written twice
+            raise UsageError(f"--device-name {name!r} is given twice; each SKU is written once")
+        names.append(name)
+    return tuple(names)
 
 
 def check_distinct_files(ctx) -> None:
@@ -49,7 +74,7 @@ def check_distinct_files(ctx) -> None:
     req = ctx.request
     if req.worker_log:
         check_worker_log(req.worker_log)       # a replay starts no worker, but the flag is still checked
-    tuned = ctx.tuned_folder().resolve()
+    tuned = ctx.folder.given.resolve()
     named = {"--json": ctx.sinks.summary.path, "--record": ctx.sinks.record.path, "--worker-log": req.worker_log}
     try:
         named["--storage"] = sqlite_file(req.storage or DEFAULT_STORAGE)   # the file SQLite opens

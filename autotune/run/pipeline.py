@@ -2,9 +2,9 @@
 read into the context (its settings and sinks), the device and plans opened, every step's check, then
 every step's run, then the sinks finished. The steps import nothing from here.
 
-    run:    Workers, SayScope, TunedFolder, ClaimStorage, RunLock, SayPlan, ConfigSearch, BackendChoice
+    run:    Workers, SayScope, HoldFolder, ClaimStorage, RunLock, SayPlan, ConfigSearch, BackendChoice
     worker: Workers, ClaimStorage (shared), SharedSearch
-    export: Workers, TunedFolder, ClaimStorage (reading an existing run), ExportStudy
+    export: Workers, HoldFolder, ClaimStorage (reading an existing run), ExportStudy
 
 The tuned folder is held before the storage is claimed: a command refused because another one writes
 into the same folder leaves the storage as it found it (a fresh one is not even made).
@@ -16,13 +16,14 @@ import dataclasses
 from pathlib import Path
 
 from autotune.errors import Incomplete, UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.run import opening
 from autotune.run.claim import ClaimStorage
-from autotune.run.context import RunContext, search_settings
-from autotune.run.outputs import TunedFolder
+from autotune.run.context import COMMAND, RunContext, search_settings
+from autotune.run.outputs import HoldFolder
 from autotune.run.requests import ExportRequest, RecordRequest, RunRequest, RunResult, WorkerRequest
 from autotune.run.sinks import Sinks, after_search
+from autotune.run.step import check_order
 from autotune.run.workers import Workers
 
 
@@ -59,13 +60,13 @@ def run(req: RunRequest) -> RunResult:
             summary.data["memory_plan"].update(measured_peak_bytes=pool.peak_bytes,
                                                resource_retries=pool.resource_retries, workers_retired=pool.retired)
             say_pace(ctx)
-    if ctx.change.outcome:
-        print(ctx.change.outcome)
-        summary.incomplete(ctx.change.outcome)
+    if ctx.folder.outcome:
+        print(ctx.folder.outcome)
+        summary.incomplete(ctx.folder.outcome)
     after_search(summary, f"--json {summary.path}", summary.write, ctx)
     if summary.failures:
         raise summary.incomplete_error()
-    return RunResult(summary.data, str(ctx.tuned_folder()))
+    return RunResult(summary.data, str(ctx.folder.given))
 
 
 def say_pace(ctx) -> None:
@@ -86,7 +87,7 @@ def run_steps() -> list:
     from autotune.run.plan import SayPlan
     from autotune.run.scope import SayScope
 
-    return [Workers(), SayScope(), TunedFolder(), ClaimStorage(), RunLock(), SayPlan()]
+    return [Workers(), SayScope(), HoldFolder(), ClaimStorage(), RunLock(), SayPlan()]
 
 
 def family_steps(ctx, req: RunRequest) -> list:
@@ -102,8 +103,10 @@ def family_steps(ctx, req: RunRequest) -> list:
 
 
 def check(ctx, steps) -> None:
-    """Every precondition, before anything runs: the sinks' files first (--record, --json), then each
+    """Every precondition, before anything runs: the steps' order (each has what it needs from the command, the
+    opening or a step before it: autotune.run.step.check_order), the sinks' files (--record, --json), then each
     step's in the order they run."""
+    check_order(steps, (*COMMAND, *opening.PROVIDES))
     ctx.sinks.check(ctx)
     for step in steps:
         step.check(ctx)
@@ -174,14 +177,14 @@ def export(req: ExportRequest) -> None:
     ctx = RunContext(request=req, settings=search_settings(req, None), sinks=Sinks.of(req))
     opening.open_device(ctx)
     reads = lambda storage: studies_there(storage, ctx.plans[0], ctx.run_name, req.partial)  # noqa: E731
-    steps = [Workers(), TunedFolder(), ClaimStorage(reads=reads), ExportStudy(req.partial)]
+    steps = [Workers(), HoldFolder(), ClaimStorage(reads=reads), ExportStudy(req.partial)]
     with ctx.held:
         check(ctx, steps)
         for step in steps:
             step.run(ctx)
     summary = ctx.sinks.summary
-    if ctx.change.outcome:
-        summary.incomplete(ctx.change.outcome)
+    if ctx.folder.outcome:
+        summary.incomplete(ctx.folder.outcome)
     if summary.failures:
         raise Incomplete("; ".join(summary.failures))
 

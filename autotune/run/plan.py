@@ -1,9 +1,9 @@
 """Which problems each requested kernel family tunes on this device, and why others are left out.
 
-Families (autotune.families.registry): triton_moe (SGLang's Triton fused-MoE configs per shape and M), the
-MoE runner choice for bf16 / fp8-block / NVFP4 experts (moe_bf16, moe_fp8, moe_fp4), and the dense
-GEMM backend choice (fp8_gemm, fp4_gemm). Each one's problems are the kind its class declares (the
-fused-MoE layers or the dense GEMMs) at its dtype. A family that cannot run here is reported once,
+Families (autotune.contract.registry): the config searches (SGLang's fused-MoE configs per shape and M), the
+MoE runner choice for bf16 / fp8-block / NVFP4 experts, and the dense GEMM backend choice, each found where it
+is declared. Each one's problems are the kind its class declares (the fused-MoE layers or the dense GEMMs) at
+its dtype. A family that cannot run here is reported once,
 with why.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from autotune.errors import UsageError
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.problems import models
 from autotune.problems.selection import Selection
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 
 class PlanError(ValueError):
@@ -55,7 +55,7 @@ def build(kernels: list[str], chosen: Selection, device, cache=None,
           options: dict | None = None) -> tuple[models.Expansion, list[FamilyPlan]]:
     """Plans per family. `chosen.dtypes` filters the dtypes of the families that take --dtype (None: all
     of SGLang's Triton fused MoE); the fused-MoE problems at those dtypes are returned beside the plans."""
-    from autotune.families.protocol import get_family
+    from autotune.contract.protocol import get_family
 
     options = options or {}
     chosen_models, tps, eps, dtypes, batch_sizes = chosen
@@ -121,7 +121,7 @@ def _ints(values) -> str:
 
 
 def by_step(plans) -> dict:
-    """step (autotune.families.registry) -> the plans with problems it runs, in the order they came."""
+    """step (autotune.contract.registry) -> the plans with problems it runs, in the order they came."""
     out: dict = {}
     for fp in plans:
         if fp.problems:
@@ -130,7 +130,7 @@ def by_step(plans) -> dict:
 
 
 def phase_name(step) -> str:
-    """The memory plan's phase of a step (autotune.families.registry): the pool's limits change between them."""
+    """The memory plan's phase of a step (autotune.contract.registry): the pool's limits change between them."""
     return {registry.CONFIGS: "Triton configs", registry.BACKENDS: "backend choice"}[step]
 
 
@@ -163,6 +163,7 @@ def left_out_lines(plans, unrecorded: bool = True) -> list[str]:
 class SayPlan(Step):
     """The run's first words once it holds its storage and folder: the device, what is left out and
     why, and the problems that share one SGLang file. Its check: something to tune."""
+    needs = ("request", "device", "kernels", "expansion", "plans")
 
     def check(self, ctx) -> None:
         refuse_nothing_to_tune(ctx.plans)

@@ -8,9 +8,12 @@ import pandas as pd
 from autotune.search.finalists import Choice
 
 
-def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]], layer: dict | None = None) -> pd.DataFrame:
-    """Per M: the per-GEMM re-measured sums (default, shipped, tuned), and where the layer check ran, the
-    written pair and the faster of SGLang's own timed as SGLang serves the layer (`layer`: confirm's records)."""
+def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]],
+                  columns: dict[int, dict] | None = None) -> pd.DataFrame:
+    """Per M: the per-GEMM re-measured sums (default, shipped, tuned), and where the family checked its picks as
+    the server runs them, the columns it adds (`columns`: M -> its Checked.columns; empty where it did not)."""
+    columns = columns or {}
+    added = list(dict.fromkeys(name for per_m in columns.values() for name in per_m))
     rows = []
     for M in sorted(set(choices) | set(trials)):
         c = choices.get(M)
@@ -20,13 +23,7 @@ def problem_table(choices: dict[int, Choice], trials: dict[int, tuple[int, int]]
         ref = min((x for x in (default, shipped) if x is not None), default=None)
         row = {"M": M, "default µs": default, "shipped µs": shipped, "tuned µs": c.total_us if c else None,
                "speedup": (ref / c.total_us) if c and ref else None}
-        if layer:
-            rec = layer.get(M) or {}
-            us = rec.get("us", {})
-            sglang = min((us[s] for s in ("shipped", "default") if s in us), default=None)
-            written = us.get(rec.get("picked"))
-            row.update({"layer written µs": written, "layer SGLang µs": sglang,
-                        "layer speedup": sglang / written if written and sglang else None})
+        row.update({name: columns.get(M, {}).get(name) for name in added})
         row.update({"trials": n, "failed": failed, "winner": c.source if c else "none"})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -73,7 +70,7 @@ def _declared(family, name: str) -> bool:
 def tactic_table(tuner, pinned: dict) -> pd.DataFrame:
     """Per tunable backend and M: its default (-1) and its best tactic, both re-measured (with the
     best one's spread: (p75 - p25) / median over its timed replays)."""
-    from autotune.families.backend_family import LAYER
+    from autotune.contract.backend_family import LAYER
     from autotune.measure.records import config_key
 
     rows = []

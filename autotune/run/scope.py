@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.families import registry
-from autotune.families.capabilities import runners
-from autotune.run.context import Step
+from autotune.contract import registry
+from autotune.contract.capabilities import runners
+from autotune.run.step import Step
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_run_bf16_2026-12-01.jsonl.gz"
 CAREFUL_PER_M = 5 * 2      # top 3 + default + shipped pairs, both GEMMs
@@ -134,6 +134,7 @@ def _time(s: float) -> str:
 
 class SayScope(Step):
     """The scope and the GPU memory plan, said as the run starts (after the pool, before the storage)."""
+    needs = ("request", "device", "cache", "plans", "memory")
 
     def run(self, ctx) -> None:
         for line in scope_lines(ctx):
@@ -179,4 +180,4 @@ def default_scope_note(req) -> list[str]:
     if not said:
         return []
     return ["default scope: " + ", ".join(said) + "; narrow it with --tp 8, --model NAME, --dtype bf16 or "
-            "--kernels triton_moe, or bound it with --budget 1h"]
+            f"--kernels {registry.default()}, or bound it with --budget 1h"]

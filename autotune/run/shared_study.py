@@ -2,12 +2,13 @@
 selection and files written from the storage (`autotune export`)."""
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
 from autotune.errors import NothingDone, UsageError
-from autotune.run.config_search import check_config_files, overlay, select_and_export
-from autotune.run.context import Step
+from autotune.run.config_search import check_config_files, select_and_export
+from autotune.run.step import Step
 from autotune.run.sinks import after_search
 
 
@@ -15,6 +16,8 @@ class SharedSearch(Step):
     """`autotune worker`: search the run's studies together with any number of other workers (any
     hosts) sharing the storage; stops when every study has its trials. Selection and files: `export`.
     Its check: something to tune here."""
+    needs = ("device", "settings", "sinks", "plans", "pool", "storage", "run_name")
+    provides = ("clock",)
 
     def check(self, ctx) -> None:
         fp = ctx.plans[0]
@@ -41,8 +44,10 @@ class SharedSearch(Step):
 class ExportStudy(Step):
     """`autotune export`: select per M (top candidates re-measured on this device or replay) and write
     the files, from a shared study. Refuses a study short of its trials unless --partial. Its check:
-    something to tune, the --device-name values, every file it writes ours to overwrite; what it reads
+    something to tune, every file it writes ours to overwrite; what it reads
     in the storage is checked as the storage is opened, before the claim (`studies_there`)."""
+    needs = ("request", "device", "settings", "sinks", "plan_only", "plans", "pool", "storage", "run_name", "folder")
+    provides = ("clock",)
     partial: bool = False
 
     def check(self, ctx) -> None:
@@ -70,8 +75,7 @@ class ExportStudy(Step):
         if not wrote and not summary.failures:
             raise NothingDone("no config ran correctly at any batch size in the study: nothing exported")
         if wrote:
-            after_search(summary, "SGLang's shipped files and the SKU copies beside the tuned files", overlay,
-                         ctx, plan.family, folder_step=True)
+            plan.family.after_export(ctx.folder, functools.partial(after_search, summary))
 
 
 def studies_there(storage, plan, run: str, partial: bool) -> None:

@@ -54,7 +54,7 @@ class Summary:
             return
         from autotune.fileio.writing import json_with, write_json
         write_json(self.path, {**self.data, "device": ctx.device.name, "replay": ctx.device.is_replay,
-                               "out": str(ctx.tuned_folder())}, ours=json_with(*SUMMARY_OURS))
+                               "out": str(ctx.folder.given)}, ours=json_with(*SUMMARY_OURS))
         print(f"wrote {self.path} (summary of the run)")
 
 
@@ -146,13 +146,13 @@ class Sinks:
         self.summary.check(ctx)
 
 
-def after_search(summary: Summary, what: str, fn, *args, let_through=(), folder_step=False, **kwargs):
+def after_search(summary: Summary, what: str, fn, *args, let_through=(), writes=None, **kwargs):
     """A step after the search (the layer check, writing files, --record, the summary): where it fails
     the run says so in one line, notes it in the summary's "incomplete" list (the run then exits 4) and
     goes on; what was measured is in the storage, so the same command does the step again without
     measuring. Returns fn's result, None where it failed; `let_through`: exceptions the caller handles;
-    `folder_step`: the step writes into the tuned folder, whose change is then thrown away whole
-    (autotune.folder.change: a folder changes as one)."""
+    `writes`: the tuned folder (autotune.folder.tuned.TunedFolder) the step writes into, whose change is then
+    thrown away whole (a folder changes as one), and whose staged paths the line names as the user's."""
     import logging
 
     try:
@@ -163,13 +163,11 @@ def after_search(summary: Summary, what: str, fn, *args, let_through=(), folder_
         from autotune.errors import one_line
 
         logging.getLogger("autotune").debug("%s failed", what, exc_info=True)
-        from autotune.folder.change import in_words
-
-        line = in_words(f"{what} failed: {type(e).__name__}: {one_line(e)}")
+        line = f"{what} failed: {type(e).__name__}: {one_line(e)}"
+        line = writes.in_words(line) if writes is not None else line
         print(f"  {line}; nothing measured is lost (the storage holds it): the same command does it again "
               "without measuring", flush=True)
         summary.incomplete(line)
-        if folder_step:
-            from autotune.folder.change import fail_open
-            fail_open(line)
+        if writes is not None:
+            writes.fail(line)
         return None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotune.errors import UsageError
 from autotune.gpus.memory_plan import WORKERS_PER_GPU
-from autotune.run.context import Step
+from autotune.run.step import Step
 
 # The first line of a worker log: workers append to a log that starts with it, never to a user's file.
 LOG_HEADER = "# autotune worker log, started "
@@ -19,6 +19,8 @@ LOG_HEADER = "# autotune worker log, started "
 class Workers(Step):
     """Starts the pool (its first worker warms the JIT builds the plans need) and holds it for the
     command: it is closed when the command ends, however it ends."""
+    needs = ("request", "device", "memory", "gpus", "options", "plans", "held")
+    provides = ("pool",)
 
     def run(self, ctx) -> None:
         if ctx.pool is None:

@@ -6,6 +6,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autotune.gpus.device import DeviceInfo
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+    from autotune.measure.pool import WorkerPool
+    from autotune.measure.replay import ReplayPool
+    from autotune.search.warm_start import WarmStart
 
 
 @dataclass
@@ -20,7 +30,7 @@ class TuneSettings:
     max_evaluations: int | None = None   # stop asking after this many device measurements
     polish: float = 0.3              # last share of each study's trials: one-step moves around its top configs
     use_shipped: bool = True         # seed with SGLang's shipped config (benchmarks turn it off)
-    warm_start: object = None        # autotune.search.warm_start.WarmStart: another study's best configs first
+    warm_start: WarmStart | None = None   # another study's best configs first
     # On a GPU, --budget is the run's wall time: the time.monotonic() by which this problem's files must be
     # written. Its search stops asking once what it has yet to do after the search (the tasks in flight, the
     # finalists' re-measurements, the layer check, the files: ProblemTuner.after_search_s) would pass it.
@@ -51,7 +61,7 @@ _STARTED: float | None = None
 
 @dataclass
 class Clock:
-    pool: object
+    pool: WorkerPool | ReplayPool
     start: float = field(default_factory=time.monotonic)
 
     def device_s(self) -> float:
@@ -65,9 +75,9 @@ class Clock:
 
 @dataclass
 class SearchContext:
-    storage: object = None           # the Optuna storage the studies live in
-    device: object = None            # autotune.gpus.device.DeviceInfo measured on (or replayed)
-    pool: object = None              # the measuring pool: workers on the GPU, or the replay
+    storage: BaseStorage | None = None   # the Optuna storage the studies live in
+    device: DeviceInfo | None = None     # measured on (or replayed)
+    pool: WorkerPool | ReplayPool | None = None   # the measuring pool: workers on the GPU(s), or the replay
     settings: TuneSettings | None = None
     run_name: str | None = None      # the studies' run name (None: the device's file name)
     clock: Clock | None = None       # None: each tuner starts its own on the pool

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from autotune.families.backend_family import LAYER
+from autotune.contract.backend_family import LAYER
 from autotune.measure.records import Measurement, config_key
 
 TUNED = "tuned"

@@ -21,7 +21,7 @@ import optuna
 from autotune.measure import records
 from autotune.search.context import SearchContext
 from autotune.search.finalists import TUNED, Choice, Finalist, remeasure, score, winner
-from autotune.families.backend_family import LAYER
+from autotune.contract.backend_family import LAYER
 from autotune.measure.timing import noise
 from autotune.measure.records import Measurement, config_key
 from autotune.store.storage import Store, backend_study_name

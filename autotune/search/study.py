@@ -148,7 +148,7 @@ class ProblemTuner:
     def run_tasks(self, tasks: list[Task], on_result) -> None:
         run_tasks(self.pool, tasks, on_result)
 
-    def _task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
+    def task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
         # Workers build the family by name, or by `spec` ("module:Class") where no package declares it.
         return Task(self.problem.to_dict(), self.problem.key, gemm, records.canonical(config), list(Ms),
                     repeats=repeats, tag=tag, family=getattr(self.family, "spec", self.family.name))
@@ -165,7 +165,7 @@ class ProblemTuner:
                 for gemm, cfg in per_gemm.items():
                     if self.known(gemm, M, cfg) is None:
                         todo.setdefault((gemm, config_key(cfg)), (cfg, []))[1].append((M, name))
-        tasks = [self._task(g, cfg, [M for M, _ in uses], tag=("baseline", uses)) for (g, _), (cfg, uses) in todo.items()]
+        tasks = [self.task(g, cfg, [M for M, _ in uses], tag=("baseline", uses)) for (g, _), (cfg, uses) in todo.items()]
 
         def done(task, ms):
             names = dict(task.tag[1])
@@ -227,7 +227,7 @@ class ProblemTuner:
                     self.pending.add((slot.gemm, M, config_key(config)))
                 slot.inflight += 1
                 self.store.measuring((slot.gemm, slot.M), trial)
-                self.pool.submit(self._task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
+                self.pool.submit(self.task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
                 live = [sl for sl in order if self._open(sl)]
             self._tell(self.pool.poll(timeout=0.2))
         # Let in-flight tasks land so nothing measured is lost.

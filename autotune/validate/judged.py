@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autotune.fileio.reading import load_json, read_bytes
 from autotune.folder.change import RAW_RUNS, VALIDATION_JSON, VALIDATE_OUTPUTS as OUTPUTS, folder_sha256  # noqa: F401
-from autotune.folder.provenance import PROVENANCE
+from autotune.folder.tuned import TunedFolder
 
 GPU = "gpu"
 
@@ -47,7 +47,10 @@ def measured_on(folder: str | Path) -> str:
     name none."""
     folder = Path(folder)
     kinds = set()
-    prov = _json(folder / PROVENANCE)
+    try:
+        prov = TunedFolder(folder).provenance_as_written()
+    except (OSError, ValueError):
+        prov = None
     if isinstance(prov, dict):
         kinds.add((prov.get("device") or {}).get("kind") if isinstance(prov.get("device"), dict) else None)
         files = prov.get("files") if isinstance(prov.get("files"), dict) else {}

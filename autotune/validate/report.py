@@ -34,6 +34,7 @@ from autotune.validate import ValidateError
 from autotune.validate.gate import Comparison, GateResult
 
 from autotune.folder.change import PLOT_PNG, REPORT_MD, VALIDATION_JSON  # noqa: F401  (validate's outputs, named where the folder is)
+from autotune.folder.tuned import TunedFolder
 
 
 def build_record(*, engine: str, device: dict, comparisons: list[Comparison], gate: GateResult | None,
@@ -108,9 +109,9 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def tuning_tables(provenance_path: Path) -> str:
-    """The tuning run's per-M kernel table of each file in provenance.json (markdown)."""
-    prov = read_json(provenance_path, {}) or {}
+def tuning_tables(folder: TunedFolder) -> str:
+    """The tuning run's per-M kernel table of each file its provenance lists (markdown)."""
+    prov = folder.provenance_as_written() or {}
     out = []
     for fname, info in (prov.get("files") or {}).items():
         per_m = info.get("per_M") or {}
@@ -212,13 +213,13 @@ def _named_by_record(png: Path) -> bool:
 @dataclass(frozen=True)
 class Report:
     """What report.md and the plot show around the comparisons: the title, the x axis's label, the
-    intro lines, the tuning run's provenance.json whose per-batch tables it repeats, extra table
+    intro lines, the tuned folder whose provenance's per-batch tables it repeats, extra table
     columns (name -> point -> cell) and `plotter(path) -> bool`, which draws the figure instead of
     the baseline-vs-tuned default."""
     title: str
     x_label: str
     intro: list[str]
-    provenance: Path | None = None
+    folder: TunedFolder | None = None
     extra_cols: dict[str, dict[str, str]] | None = None
     plotter: Callable[[Path], bool] | None = None
 
@@ -266,11 +267,11 @@ def _write_staged(stage: Path, out: Path, record: dict, comparisons: list[Compar
     md += [f"![tokens/s vs {report.x_label}]({PLOT_PNG})" if has_plot else
            "(no plot: matplotlib is not installed; `pip install matplotlib`)", ""]
     md += [f"All runs, commands and versions: [{VALIDATION_JSON}]({VALIDATION_JSON}).", ""]
-    provenance = report.provenance
-    if provenance and Path(provenance).is_file():
-        tables = tuning_tables(Path(provenance))
-        rel = os.path.relpath(provenance, out)
-        md += ["## Tuning tables", "", f"From [{Path(provenance).name}]({rel}).", ""]
+    folder = report.folder
+    if folder is not None and folder.has_provenance():
+        tables = tuning_tables(folder)
+        rel = os.path.relpath(folder.provenance_file, out)
+        md += ["## Tuning tables", "", f"From [{folder.provenance_file.name}]({rel}).", ""]
         md += [tables or "(provenance.json lists no per-batch-size results)", ""]
     text, shortened = portable("\n".join(md))
     if shortened:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.validate import ConfigDirError, ModelDirError
-from autotune.folder.provenance import PROVENANCE
+from autotune.folder.tuned import TunedFolder
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".npz")
@@ -55,7 +55,7 @@ class TunedConfigs:
     moe_files: tuple[str, ...]          # configs/triton_<ver>/<SGLang file name>, relative to root
     server_args: Path | None            # server_args.yaml
     flashinfer_cache: Path | None       # a folder laid out as SGLANG_CACHE_DIR (holds flashinfer/autotune)
-    provenance: Path | None
+    folder: TunedFolder                 # the folder's handle: its provenance, whose tables the report repeats
 
     @property
     def moe_config_dir(self) -> Path | None:
@@ -80,9 +80,7 @@ def inspect_configs(path: str | Path) -> TunedConfigs:
         if (cand / "flashinfer" / "autotune").is_dir():
             fi = cand
             break
-    prov = root / PROVENANCE
-    out = TunedConfigs(root, moe, yaml_path if yaml_path.is_file() else None, fi,
-                       prov if prov.is_file() else None)
+    out = TunedConfigs(root, moe, yaml_path if yaml_path.is_file() else None, fi, TunedFolder(root))
     if not (out.moe_files or out.server_args or out.flashinfer_cache):
         raise ConfigDirError(f"{root} holds nothing SGLang would load (no configs/triton_*/*.json, "
                              "no server_args.yaml, no flashinfer/autotune cache)")

@@ -4,9 +4,9 @@ autotune.families (tests/test_families.py makes that entry point). Its backends 
 CPU; SGLang's --fp8-gemm-backend is the flag its choice goes to."""
 from dataclasses import dataclass, field
 
-from autotune.families.backend_family import BackendFamily
-from autotune.families.registry import DENSE
-from autotune.families.runner import Runner
+from autotune.contract.backend_family import BackendFamily
+from autotune.contract.registry import DENSE
+from autotune.contract.runner import Runner
 
 
 @dataclass

@@ -7,9 +7,9 @@ time as a kernel's tiles would, and every config computes the same numbers. Its 
 fused-MoE files, so it takes their rules (coupling, selection, export) from the family that writes them."""
 from dataclasses import dataclass
 
-from autotune.families.registry import CONFIGS, MOE
+from autotune.contract.registry import CONFIGS, MOE
 from autotune.families.triton_moe.files import SglangMoeFiles
-from autotune.families.spaces import Space
+from autotune.contract.spaces import Space
 
 GEMMS = ("gate_up", "down")
 SPACE = {"BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (64,), "BLOCK_SIZE_K": (16, 256), "GROUP_SIZE_M": (1,),

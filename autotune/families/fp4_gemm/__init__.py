@@ -1,4 +1,4 @@
-"""NVFP4 dense GEMM, one module per backend beside this one (autotune.families.runner); here the
+"""NVFP4 dense GEMM, one module per backend beside this one (autotune.contract.runner); here the
 inputs and the reference.
 
 Every backend SGLang can select (--fp4-gemm-backend) is launched through SGLang's own NVFP4 linear
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.adapters import flashinfer_gemm, flashinfer_tuner
-from autotune.families.backend_family import BackendFamily
-from autotune.families.registry import DENSE
-from autotune.families.runner import Runner, exact_tactic, flashinfer_pin
+from autotune.contract.backend_family import BackendFamily
+from autotune.contract.registry import DENSE
+from autotune.contract.runner import Runner, exact_tactic, flashinfer_pin
 
 INPUT_AMAX = 8.0      # the static activation scale covers |x| <= 8 (unit-normal activations)
 
@@ -90,7 +90,7 @@ class Fp4Gemm(BackendFamily):
         return inputs.x[0].float() @ inputs.w_ref.T
 
     def sglang_auto(self, device) -> str | None:
-        from autotune.families import capabilities as table
+        from autotune.contract import capabilities as table
         return table.sglang_auto(self.name, device)
 
 

@@ -1,7 +1,7 @@
 """FP8 dense GEMM: out[M, N] = x[M, K] @ W[N, K]^T, x bf16 quantized on the fly.
 
 The family: inputs, the float32 reference, the tolerance. One module per backend beside this one
-(autotune.families.runner): SGLang-selectable (block [128, 128] weights, per-token-group
+(autotune.contract.runner): SGLang-selectable (block [128, 128] weights, per-token-group
 activations) its Triton kernel, DeepGEMM and the sgl_kernel CUTLASS kernel, each through SGLang's
 own linear function; for reference only (per-tensor scales, what `torch._scaled_mm` and
 FlashInfer's `bmm_fp8` take) cuBLASLt and FlashInfer's cuBLAS / cuDNN backends. The check is
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.adapters import flashinfer_gemm, flashinfer_tuner
-from autotune.families.backend_family import BackendFamily, rotate
-from autotune.families.registry import DENSE
-from autotune.families.runner import Runner, exact_tactic
+from autotune.contract.backend_family import BackendFamily, rotate
+from autotune.contract.registry import DENSE
+from autotune.contract.runner import Runner, exact_tactic
 from autotune.numerics.fp8 import fp8_blocks, fp8_per_matrix
 
 BLOCK = (128, 128)

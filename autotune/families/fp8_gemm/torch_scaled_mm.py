@@ -1,8 +1,8 @@
 """torch._scaled_mm (cuBLASLt, per-tensor scales): a reference SGLang cannot select."""
 from dataclasses import dataclass
 
-from autotune.families.capabilities import HOPPER_AND_UP
-from autotune.families.runner import Runner
+from autotune.contract.capabilities import HOPPER_AND_UP
+from autotune.contract.runner import Runner
 from autotune.families.fp8_gemm import GemmInputs, per_tensor_x, set_output
 
 

@@ -1,7 +1,7 @@
 """MoE runner backends: the whole routed-expert layer, compared across the runners SGLang selects
 with --moe-runner-backend. Three families (bf16, block-FP8, NVFP4 experts) share the inputs and the
 reference here; one module per backend beside this one declares its runner for each family it
-serves (autotune.families.runner).
+serves (autotune.contract.runner).
 
 Every runner SGLang can select is launched through SGLang's own layer (autotune.adapters.sglang_layer:
 Qwen3.5's TopK + FusedMoE block with the experts' quant method, loaded from checkpoint-format
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.families.backend_family import BackendFamily
-from autotune.families.registry import MOE
-from autotune.families.runner import Runner
+from autotune.contract.backend_family import BackendFamily
+from autotune.contract.registry import MOE
+from autotune.contract.runner import Runner
 
 
 # SGLang MoE blocks (one per backend, each with its processed copy of the experts) a worker keeps.
@@ -40,7 +40,7 @@ class MoeLayerInputs:
 
 
 class _MoeLayerFamily(BackendFamily):
-    # Declared (autotune.families.registry): one family per expert dtype, `dtype` its Problem.dtype
+    # Declared (autotune.contract.registry): one family per expert dtype, `dtype` its Problem.dtype
     problems = MOE
     flag, sglang_choices = "moe-runner-backend", "MOE_RUNNER_BACKEND_CHOICES"
     options = ("triton_config_dir", "skip")
@@ -63,7 +63,7 @@ class _MoeLayerFamily(BackendFamily):
         return super().unsupported_reason(problem, device)
 
     def sglang_auto(self, device) -> str | None:
-        from autotune.families import capabilities as table
+        from autotune.contract import capabilities as table
         return table.sglang_auto(self.name, device)
 
     # -- GPU memory (autotune.gpus.memory_plan) ---------------------------------------------------------

@@ -10,8 +10,8 @@ A tactic is launched pinned through FlashInfer's cache, the file the tuned folde
 launch checks that FlashInfer handed it out (runner.flashinfer_pin)."""
 from dataclasses import dataclass
 
-from autotune.families.capabilities import HOPPER_AND_UP
-from autotune.families.runner import flashinfer_pin
+from autotune.contract.capabilities import HOPPER_AND_UP
+from autotune.contract.runner import flashinfer_pin
 from autotune.families.moe_backends import MoeLayerInputs, SglangMoe
 
 GEMM_OPS = ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2")

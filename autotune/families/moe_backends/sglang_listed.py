@@ -22,7 +22,7 @@ NOT_A_RUNNER = frozenset({"auto"})      # SGLang's own resolution: measured as t
 
 def declared_values(family: str = FAMILY) -> set[str]:
     """The flag values the other modules of this package declare for `family`."""
-    from autotune.families.runner import discover
+    from autotune.contract.runner import discover
 
     others = discover(__package__, skip=(__name__.rsplit(".", 1)[1],))
     return {r.sglang_value for r in others if r.family == family and r.sglang_value}

@@ -2,7 +2,7 @@
 configs its loader picks: the tuned folder's where it has this shape's file (what the server loads
 with SGLANG_MOE_CONFIG_DIR), else SGLang's shipped config or its default. SGLang's NVFP4 method
 has no Triton path: declared for moe_fp4 too, so the run shows SGLang's own answer."""
-from autotune.families.capabilities import HOPPER_AND_UP
+from autotune.contract.capabilities import HOPPER_AND_UP
 from autotune.families.moe_backends import SglangMoe
 
 RUNNERS = (

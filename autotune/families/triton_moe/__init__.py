@@ -7,15 +7,13 @@ tile rules, TMA), how SGLang sizes its buffers per GEMM, and the float32 referen
 """
 from __future__ import annotations
 
-import functools
-
-from autotune.families import spaces
+from autotune.contract import spaces
 from autotune.gpus.device import DeviceInfo
-from autotune.numerics.fp8 import FP8_MAX, fp8_blocks, fp8_per_matrix
+from autotune.numerics.fp8 import FP8_MAX
 from autotune.problems.models import Problem
-from autotune.families.registry import CONFIGS, MOE
+from autotune.contract.registry import CONFIGS, MOE
 from autotune.families.triton_moe.files import SglangMoeFiles
-from autotune.families.triton_moe.inputs import MoeInputs
+from autotune.families.triton_moe.inputs import MoeInputs, compute_dtype, expert_weights, quantized, random_routing
 from autotune.families.triton_moe.moe_align import cpu_align_block_size, sglang_align_block_size, sglang_alignment_buffers
 from autotune.families.triton_moe.tma import tma_capable
 from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
@@ -48,14 +46,12 @@ def smem_estimate(config: dict, problem: Problem, device: DeviceInfo) -> int:
     return buffers * tile + (8 * stages if config.get("USE_TMA") else 0)
 
 
-def compute_dtype(problem: Problem, on_cpu: bool):
-    import torch
-    return torch.float32 if on_cpu else torch.bfloat16
+
 
 
 class TritonMoe(SglangMoeFiles):
     name = "triton_moe"
-    # its declaration (autotune.families.registry); its files' rules are SglangMoeFiles'
+    # its declaration (autotune.contract.registry); its files' rules are SglangMoeFiles'
     step, problems, options, order = CONFIGS, MOE, ("space_path", "sglang_versions"), 0
     gemms = GEMMS
     # Triton compiles SGLang's kernel for any NVIDIA target without the GPU: builders do it apart from the
@@ -249,35 +245,17 @@ class TritonMoe(SglangMoeFiles):
 
     def weights(self, problem: Problem, gemm: str, seed: int, dev: str, cdt):
         """(B, B_scale, dequant(e) -> float32 [rows, cols] of expert e), cached for one problem."""
-        import torch
-
         key = (problem.key, gemm, seed, dev)
         cache = self.__dict__.setdefault("_weight_cache", {})
         if key not in cache:
             for k in [k for k in cache if k[0] != problem.key]:
                 del cache[k]
-            E, N, K = problem.E, problem.N, problem.K
-            rows, cols = (2 * N, K) if gemm == "gate_up" else (K, N)
-            g = torch.Generator(device=dev).manual_seed(seed * 104729 + (gemm == "down"))
-            parts, scales = [], []
-            for e0 in range(0, E, 32):   # chunks bound the float32 temporaries
-                w = torch.randn((min(32, E - e0), rows, cols), generator=g, device=dev) / cols ** 0.5
-                q, sc = self.quantize_weights(problem, w, cdt)
-                parts.append(q)
-                scales.append(sc)
-                del w
-            B = torch.cat(parts)
-            B_scale = torch.cat(scales) if scales[0] is not None else None
-            cache[key] = (B, B_scale, functools.partial(_dequant, problem, B, B_scale))
+            cache[key] = expert_weights(problem, gemm, seed, dev, cdt)
         return cache[key]
 
     def quantize_weights(self, problem: Problem, w, cdt):
         """bf16 weights as is; FP8 weights with a per-block (128x128) or per-expert scale."""
-        if problem.dtype == "bf16":
-            return w.to(cdt), None
-        if problem.block_shape:
-            return fp8_blocks(w, problem.block_shape)
-        return fp8_per_matrix(w)
+        return quantized(problem, w, cdt)
 
     def aligned(self, inputs: MoeInputs, block_m: int, routing: int):
         key = (block_m, routing)
@@ -476,28 +454,3 @@ def _reference_transient(p: Problem, gemm: str, M: int) -> int:
     if gemm == "gate_up":
         return M * p.K * 4 * (2 if p.dtype.startswith("fp8") else 1)
     return T * p.N * 4 + T * p.K * 4
-
-
-def random_routing(g, M: int, E: int, k: int, skew: float, sets: int):
-    """`sets` routings of M tokens: softmax top-k of random logits, renormalised; `skew` > 0 adds
-    a per-expert bias of that many standard deviations (hot experts)."""
-    import torch
-
-    bias = torch.randn(E, generator=g, device=g.device) * skew
-    ids, wts = [], []
-    for _ in range(sets):
-        w, i = torch.topk(torch.softmax(torch.randn(M, E, generator=g, device=g.device) + bias, dim=-1), k, dim=-1)
-        ids.append(i.to(torch.int32))
-        wts.append((w / w.sum(-1, keepdim=True)).float())
-    return ids, wts
-
-
-def _dequant(problem: Problem, B, B_scale, e: int):
-    w = B[e].float()
-    if B_scale is None:
-        return w
-    if problem.block_shape:
-        bn, bk = problem.block_shape
-        s = B_scale[e].repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
-        return w * s
-    return w * B_scale[e]

@@ -62,11 +62,10 @@ def faster(row: dict, a: str, b: str) -> bool:
 
 
 def _same(loaded, meant) -> bool:
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
-    up, down = meant
-    return (complete_entry(loaded[0]), complete_entry(loaded[1])) == (
-        complete_entry(up), complete_entry({**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]}))
+    up, down = (entry_config(c) for c in meant)
+    return (entry_config(loaded[0]), entry_config(loaded[1])) == (up, down.with_params(BLOCK_SIZE_M=up["BLOCK_SIZE_M"]))
 
 
 def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int = REPEATS, root=None,
@@ -117,3 +116,59 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
             if pace is not None:
                 pace.layer_s += own.held_s
             own.close()
+
+
+def confirm_picks(tuner, choices: dict, attempt):
+    """On a GPU: each M's pick made as SGLang serves the layer (confirm_by_layer), the rest of the run's picks
+    left as the selection made them. A replay has no layer to time: its picks stand on the recorded per-GEMM
+    times. The check runs in the run's own process, held to its share of the GPU memory plan; where it fails
+    (out of memory, say) `attempt` says so and the selection's picks are written. Returns what provenance
+    records per M ("layer") and the run's table shows (layer_columns)."""
+    from autotune.contract.protocol import Checked
+
+    problem, device, pool = tuner.problem, tuner.device, tuner.pool
+    if device.kind != "gpu":
+        return Checked(STEP)
+    fraction = pool.main_fraction() if hasattr(pool, "main_fraction") else None
+    try:
+        if fraction is not None:
+            import torch
+
+            from autotune.gpus.memory_plan import limit_process
+            gpu = pool.memory_plan.gpus[0].index
+            torch.cuda.set_device(gpu)
+            limit_process(fraction, gpu)
+        layer = attempt(f"the layer check of {problem.key}", confirm_by_layer, problem, choices, device,
+                        pace=getattr(pool, "pace", None), let_through=LayerError) or {}
+    except LayerError as e:       # a side that computes wrong numbers: say it, keep the selection's picks
+        print(f"  layer check of {problem.key} not done: {e}")
+        return Checked(STEP)
+    finally:                      # the workers' next phase may need what this process held
+        import gc
+
+        import torch
+        gc.collect()
+        torch.cuda.empty_cache()
+    for M, rec in sorted(layer.items()):
+        if "pick_was" in rec:
+            others = ", ".join(f"{s} {us:.1f}" for s, us in rec["us"].items() if s != rec["picked"])
+            print(f"  M={M}: as SGLang runs the layer, {rec['picked']} ({rec['source']}) "
+                  f"{rec['us'][rec['picked']]:.1f} µs is written, not the selection's {rec['pick_was']} pick ({others} µs)")
+    return Checked(STEP, {M: {"layer": rec} for M, rec in layer.items()}, layer_columns(layer, choices))
+
+
+STEP = "layer check"          # what the run's time line calls it
+
+
+def layer_columns(layer: dict, choices: dict) -> dict:
+    """Per M of the run's table (where the layer check ran): the written pair and the faster of SGLang's own,
+    timed as SGLang serves the layer, and the speedup between them."""
+    out = {}
+    for M in sorted(set(choices) | set(layer)) if layer else ():
+        rec = layer.get(M) or {}
+        us = rec.get("us", {})
+        sglang = min((us[s] for s in (SHIPPED, DEFAULT) if s in us), default=None)
+        written = us.get(rec.get("picked"))
+        out[M] = {"layer written µs": written, "layer SGLang µs": sglang,
+                  "layer speedup": sglang / written if written and sglang else None}
+    return out

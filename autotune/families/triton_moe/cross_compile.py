@@ -22,7 +22,7 @@ from pathlib import Path
 
 from autotune.fileio.writing import read_json, write_json
 from autotune.measure.records import canonical
-from autotune.families.spaces import SPACES_DIR
+from autotune.contract.spaces import SPACES_DIR
 
 COMPILED_DIR = SPACES_DIR / "compiled"
 NOT_SHARED = ("GROUP_SIZE_M",)   # config keys that do not change what the kernel allocates

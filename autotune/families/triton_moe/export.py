@@ -14,50 +14,44 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.errors import ExportError
-from autotune.gpus.device import DeviceInfo, utc_now
+from autotune.gpus.device import utc_now
 from autotune.fileio.writing import claim, forced, sha256, write_json
 from autotune.adapters.sglang_loader import sglang_file_name
 from autotune.search.finalists import Choice
 from autotune.adapters.sglang_versions import config_problem, valid_releases
-from autotune.folder.config_files import config_folder
-from autotune.folder.change import tuned_folder
-from autotune.folder.provenance import PROVENANCE, PROVENANCE_OURS, ours_in, read_folder_provenance
-
-
-def config_dir(out: str | Path, device: DeviceInfo) -> Path:
-    return tuned_folder(out, device) / config_folder(device.versions.get("triton"))
+from autotune.folder.tuned import TunedFolder
 
 
 def _sglang_entry(config: dict) -> dict:
     """Every entry written names num_warps and num_stages (Triton's defaults where the config leaves them to
     Triton: SGLang's default config does), so a reader sees what runs."""
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
-    return complete_entry(config)
+    return entry_config(config).to_entry()
 
 
-def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) -> None:
+def export_targets(tuned: TunedFolder, problems) -> None:
     """Every file `export_problem` (and the SKU copies) would write for `problems`, checked before
     anything is measured: NotOurs where one is not ours, ExportError where the folder holds results
     measured another way."""
     from autotune.families.triton_moe.overlay import broken_copies
 
-    folder = config_dir(out, device)
+    device, folder = tuned.device, tuned.config_dir()
     # SGLang's per-Triton folders (ours and the shipped overlay's) and the folders above them
-    configs = tuned_folder(out, device) / "configs"
+    configs = tuned.path / "configs"
     in_the_way = next((p for p in (folder, *folder.parents, *(configs.glob("triton_*") if configs.is_dir() else ()))
                        if p.exists() and not p.is_dir()), None)
     if in_the_way is not None:
         raise ExportError(f"{in_the_way} is a file where a folder of SGLang's config files goes: move it away")
-    prov = read_folder_provenance(tuned_folder(out, device)) or {"files": {}}
-    ours = ours_in(prov, tuned_folder(out, device))
-    broken = [] if forced() else broken_copies(tuned_folder(out, device))
+    prov = tuned.provenance() or {"files": {}}
+    ours = tuned.ours(prov)
+    broken = [] if forced() else broken_copies(tuned)
     if broken:
         raise ExportError(f"{broken[0]}; not replaced (remove it: the run copies it again; or pass --force)"
                           + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
     owner = (prov.get("device") or {}).get("name")
     if prov["files"] and owner not in (None, device.name) and not forced():
-        raise ExportError(f"{tuned_folder(out, device) / PROVENANCE} names files tuned on {owner}; results of "
+        raise ExportError(f"{tuned.provenance_file} names files tuned on {owner}; results of "
                           f"{device.name} are not written into it (its entries would be dropped): choose another "
                           "--out, or pass --force to replace them")
     tag = f"device_name={device.file_name}"
@@ -65,11 +59,11 @@ def export_targets(out: str | Path, device: DeviceInfo, problems, sku_names=()) 
         names = (sglang_file_name(problem, device), sglang_file_name(problem, device, down=True))
         entry = prov["files"].get(names[0], {})
         if entry and entry.get("measured_on") != device.kind:
-            raise ExportError(f"{tuned_folder(out, device) / PROVENANCE} holds {names[0]} measured on "
+            raise ExportError(f"{tuned.provenance_file} holds {names[0]} measured on "
                               f"'{entry.get('measured_on')}'; results measured on '{device.kind}' are not mixed "
                               "into it (choose another --out)")
         for name in names:
-            for sku in ("", *sku_names):
+            for sku in ("", *tuned.sku_names):
                 n = name.replace(tag, f"device_name={sku.replace(' ', '_')}") if sku else name
                 claim(folder / n, ours)
         if entry:
@@ -103,27 +97,27 @@ def _merge_base(folder: Path, names: tuple[str, str], entry: dict) -> tuple[dict
     return docs[0], docs[1]
 
 
-def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[int, Choice],
-                   run: dict, targets: tuple[str, ...] = ()) -> dict:
-    """Write (merge) the two files of one problem and its provenance entry. Returns a summary
-    {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
+def export_problem(tuned: TunedFolder, problem, choices: dict[int, Choice], run: dict,
+                   targets: tuple[str, ...] = ()) -> dict:
+    """Write (merge) the two files of one problem into the tuned folder, and its provenance entry. Returns a
+    summary {"files": [...], "kept": {M: why}} naming the M whose existing entries were better.
     `targets`: the SGLang releases the files must run in (an existing entry they cannot run is
     replaced, never kept)."""
     from autotune.families.triton_moe.tma import tma_capable
+    device = tuned.device
     tma = tma_capable(device)
 
     def runs_everywhere(up: dict, down: dict) -> bool:
         return config_problem(up, "gate_up", targets, tma) is None and config_problem(down, "down", targets, tma) is None
 
-    folder = config_dir(out, device)
-    prov_path = tuned_folder(out, device) / PROVENANCE
-    prov = read_folder_provenance(prov_path.parent) or {"device": device.to_dict(), "files": {}}
-    ours = ours_in(prov, prov_path.parent)
+    folder = tuned.config_dir()
+    prov = tuned.provenance() or {"device": device.to_dict(), "files": {}}
+    ours = tuned.ours(prov)
     up_name = sglang_file_name(problem, device)
     down_name = sglang_file_name(problem, device, down=True)
     old_entry = prov["files"].get(up_name, {})
     if old_entry and old_entry.get("measured_on") != device.kind:
-        raise ExportError(f"{prov_path} holds {up_name} measured on '{old_entry.get('measured_on')}'; "
+        raise ExportError(f"{tuned.provenance_file} holds {up_name} measured on '{old_entry.get('measured_on')}'; "
                           f"results measured on '{device.kind}' are not mixed into it (choose another --out)")
     same_stack = (old_entry.get("device") == device.name
                   and old_entry.get("triton") == device.versions.get("triton"))
@@ -179,7 +173,7 @@ def export_problem(out: str | Path, device: DeviceInfo, problem, choices: dict[i
         # what was written, so `autotune check` sees a hand edit
         "sha256": {n: sha256(folder / n) for n in (up_name, down_name)},
     }
-    write_json(prov_path, prov, ours=PROVENANCE_OURS)
+    tuned.write_provenance(prov)
     return {"files": [str(folder / up_name), str(folder / down_name)], "kept": kept,
             "missing": [M for M in problem.batch_sizes if str(M) not in up_json]}
 

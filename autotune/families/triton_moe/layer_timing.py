@@ -50,13 +50,14 @@ def write_side(root: str | Path, name: str, problem, device, pairs: dict) -> str
     from autotune.adapters.sglang_loader import sglang_file_name
     from autotune.fileio.writing import write_json
     from autotune.folder.config_files import config_folder
-    from autotune.families.triton_moe.schema import complete_entry
+    from autotune.families.triton_moe.schema import entry_config
 
     folder = Path(root) / name
     files = folder / config_folder(device.versions.get("triton"))
     files.mkdir(parents=True, exist_ok=True)
-    up = {str(M): complete_entry(g) for M, (g, _) in sorted(pairs.items())}
-    down = {str(M): complete_entry({**d, "BLOCK_SIZE_M": g["BLOCK_SIZE_M"]}) for M, (g, d) in sorted(pairs.items())}
+    configs = {M: (entry_config(g), entry_config(d)) for M, (g, d) in sorted(pairs.items())}
+    up = {str(M): g.to_entry() for M, (g, _) in configs.items()}
+    down = {str(M): d.with_params(BLOCK_SIZE_M=g["BLOCK_SIZE_M"]).to_entry() for M, (g, d) in configs.items()}
     write_json(files / sglang_file_name(problem, device), up)
     write_json(files / sglang_file_name(problem, device, down=True), down)
     return str(folder)
@@ -77,7 +78,7 @@ class LayerTimer:
     folder handed to SGLang's loader around that side's launches."""
 
     def __init__(self, problem, device, *, routings: int = 10, seed: int = 3, replays: int = 7, flush: str = "read"):
-        from autotune.families.triton_moe import TritonMoe, compute_dtype
+        from autotune.families.triton_moe.inputs import compute_dtype, expert_weights
 
         if device.kind != "gpu":
             raise LayerError("SGLang's fused MoE runs on a GPU only: the layer is not timed here")
@@ -89,9 +90,8 @@ class LayerTimer:
         self.flush = flush
         self.held_s = 0.0         # seconds checking and timing on the GPU (the run's pace counts them)
         self._last_timed = float("-inf")
-        fam = TritonMoe()
-        up = fam.weights(problem, "gate_up", seed, "cuda", compute_dtype(problem, False))
-        down = fam.weights(problem, "down", seed, "cuda", compute_dtype(problem, False))
+        up = expert_weights(problem, "gate_up", seed, "cuda", compute_dtype(problem, False))
+        down = expert_weights(problem, "down", seed, "cuda", compute_dtype(problem, False))
         self.weights = (up[0], up[1], down[0], down[1])
         self.dequant = (up[2], down[2])
         self._inputs: dict = {}
@@ -103,7 +103,7 @@ class LayerTimer:
             import torch
 
             from autotune.adapters.moe_checkpoint import reference
-            from autotune.families.triton_moe import random_routing
+            from autotune.families.triton_moe.inputs import random_routing
 
             self._inputs = {}
             p = self.problem

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.gpus.device import DeviceInfo
-from autotune.fileio.writing import copy_file, forced, inside, sha256, write_json
+from autotune.fileio.writing import copy_file, forced, inside, sha256
 from autotune.adapters.sglang_versions import valid_releases
-from autotune.folder.provenance import OVERLAY, PROVENANCE, PROVENANCE_OURS, read_folder_provenance, tuned_names
+from autotune.folder.tuned import OVERLAY, TunedFolder, tuned_names
 from autotune.fileio.reading import load_json
 
 
@@ -30,14 +29,14 @@ def _still_ours(path: Path, rel: str, old: list, old_sha: dict) -> bool:
     return rel in old and (rel not in old_sha or sha256(path) == old_sha[rel])
 
 
-def broken_copies(device_folder: str | Path) -> list[str]:
+def broken_copies(tuned: TunedFolder) -> list[str]:
     """Earlier overlay copies changed since and no longer a file SGLang's loader takes (emptied, cut
     short): the folder would crash the server that reads it, and a copy changed by hand is not ours to
     replace, so the run says so before measuring (under --force it copies the file again)."""
     from autotune.families.triton_moe.schema import schema_problem
 
-    folder = Path(device_folder)
-    overlay = (read_folder_provenance(folder) or {}).get(OVERLAY) or {}
+    folder = tuned.path
+    overlay = (tuned.provenance() or {}).get(OVERLAY) or {}
     old, old_sha = overlay.get("files", []), overlay.get("sha256", {})
     out = []
     for rel in old:
@@ -58,19 +57,17 @@ def _pair_name(name: str) -> tuple[str, str]:
     return up, up[: -len(".json")] + "_down.json"
 
 
-def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tuple[str, ...],
-                    builtin: str | Path | None = None, sglang_version: str | None = None,
-                    sku_names: tuple[str, ...] = ()) -> dict:
-    """Copy the installed SGLang's shipped files for `device` (and the SKUs the folder also has
-    copies for) into `device_folder` (see module doc). Returns the `shipped_overlay` record it also
+def overlay_shipped(tuned: TunedFolder, targets: tuple[str, ...], builtin: str | Path | None = None,
+                    sglang_version: str | None = None) -> dict:
+    """Copy the installed SGLang's shipped files for the folder's device (and the SKUs the folder also has
+    copies for) into the tuned folder (see module doc). Returns the `shipped_overlay` record it also
     writes into provenance.json."""
     from autotune.adapters.sglang_loader import builtin_config_dir
     from autotune.families.triton_moe.tma import tma_capable
     from autotune.adapters.sglang_versions import installed
 
-    folder = Path(device_folder)
-    prov_path = folder / PROVENANCE
-    prov = read_folder_provenance(folder) or {"device": device.to_dict(), "files": {}}
+    folder, device = tuned.path, tuned.device
+    prov = tuned.provenance() or {"device": device.to_dict(), "files": {}}
     ours = tuned_names(prov)
     src_root = Path(builtin or builtin_config_dir()) / "configs"
     tma = tma_capable(device)
@@ -78,7 +75,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     old_paths = {rel: inside(folder, rel) for rel in old}      # each checked before anything is copied
     old_sha = (prov.get(OVERLAY) or {}).get("sha256", {})
     copied, skipped, hashes = [], {}, {}
-    tags = {f"device_name={n.replace(' ', '_')}," for n in (device.name, *sku_names)}
+    tags = {f"device_name={n.replace(' ', '_')}," for n in (device.name, *tuned.sku_names)}
     for src in sorted(src_root.glob("triton_*/*.json")):
         plain = src.name.replace("_down.json", ",").replace(".json", ",")
         if not any(t in plain for t in tags):
@@ -108,7 +105,7 @@ def overlay_shipped(device_folder: str | Path, device: DeviceInfo, targets: tupl
     record = {"sglang": sglang_version or installed(), "source": _shown(src_root), "targets": list(targets),
               "files": copied, "skipped": skipped, "sha256": hashes}
     prov[OVERLAY] = record
-    write_json(prov_path, prov, ours=PROVENANCE_OURS)
+    tuned.write_provenance(prov)
     return record
 
 

@@ -43,7 +43,8 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
                 cands.append(Finalist(name, {"gate_up": pair["gate_up"], "down": pair["down"]}))
         plan[M] = cands
     # re-measurements already in the storage (a resumed run reuses them)
-    remeasure(plan, tuner.careful, lambda gemm, cfg, Ms: tuner._task(gemm, cfg, Ms, tag="select", repeats=careful_repeats),
+    remeasure(plan, tuner.careful,
+              lambda gemm, cfg, Ms: tuner.task(gemm, cfg, Ms, tag="select", repeats=careful_repeats),
               tuner.run_tasks, tuner.store_careful)
 
     choices: dict = {}
@@ -59,3 +60,20 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
         choices[M] = Choice.pair(M, (win.finalist.configs["gate_up"], win.finalist.configs["down"]),
                                  (win.times["gate_up"], win.times["down"]), win.finalist.source, baseline_us, rows)
     return choices
+
+
+def why_no_pair(tuner, M: int) -> str:
+    """Why the selection found no (gate_up, down) pair at M that ran correctly."""
+    from collections import Counter
+
+    from autotune.measure.records import INVALID
+
+    parts = []
+    for g in tuner.family.gemms:
+        ms = [m for m in tuner.measured[g, M].values() if m.status != INVALID]
+        if not any(m.ok for m in ms):
+            counts = ", ".join(f"{n} {status}" for status, n in Counter(m.status for m in ms).most_common())
+            first = next((m.reason for m in ms if m.reason), "")
+            parts.append(f"no {g} config ran correctly ({counts or 'none measured'}" +
+                         (f"; e.g. {first[:160]}" if first else "") + ")")
+    return "; ".join(parts) or f"no re-measured pair sharing {tuner.family.coupled} ran correctly"

@@ -12,6 +12,8 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from autotune.contract.config import KernelConfig
+
 # SGLang's key order in its files, and the key SGLang reads as false where a file leaves it out
 CONFIG_ORDER = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages", "USE_TMA")
 SWITCHES = ("USE_TMA",)
@@ -46,12 +48,11 @@ def launch_defaults() -> dict:
     return {f.name: f.default for f in dataclasses.fields(CUDAOptions) if f.name in ("num_warps", "num_stages")}
 
 
-def complete_entry(config: dict) -> dict:
-    """`config` as a file entry that states num_warps and num_stages: where it leaves one out, the value Triton
-    launches it with anyway (the same kernel, said). In the files' key order."""
-    from autotune.measure.records import canonical
-
-    return canonical({**launch_defaults(), **config})
+def entry_config(entry: dict) -> KernelConfig:
+    """The config a file's entry (or a record's) launches: num_warps and num_stages where it leaves one out are
+    the values Triton launches it with anyway (the same kernel). Its `to_entry()` states them, in the files' key
+    order: what every file written holds."""
+    return KernelConfig.from_entry(entry, launch_defaults())
 
 
 def schema_problem(doc, sglangs_own=lambda M, config: True) -> str | None:

@@ -6,14 +6,6 @@ from __future__ import annotations
 from autotune.gpus.device import DeviceInfo
 
 
-def tma_supported() -> bool:
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
 def tma_capable(device: DeviceInfo) -> bool:
     """Whether SGLang's TMA paths run on `device`: SM90 or later, a GPU (not Triton's interpreter), and
     a Triton with tensor descriptors there (recorded as versions["triton_tma"])."""

@@ -3,23 +3,23 @@
 A config is {"backend": name, "tactic": t}. tactic -1 runs the backend as SGLang would (its own
 default or FlashInfer's autotuned choice); tactics >= 0 are searched where the backend exposes
 them. Each backend is a runner object declared in one module of the family's package
-(autotune.families.runner): it owns where it may run and how it launches; the capability table
-(autotune.families.capabilities) applies those rules. SGLang's `auto` choice is the seed and the baseline.
+(autotune.contract.runner): it owns where it may run and how it launches; the capability table
+(autotune.contract.capabilities) applies those rules. SGLang's `auto` choice is the seed and the baseline.
 Each concrete family supplies its problems' inputs, the float32 reference and the tolerance.
 """
 from __future__ import annotations
 
-from autotune.families import capabilities as table
-from autotune.families.registry import BACKENDS
+from autotune.contract import capabilities as table
+from autotune.contract.registry import BACKENDS
 from autotune.gpus.device import DeviceInfo
-from autotune.families.spaces import Space
+from autotune.contract.spaces import Space
 
 LAYER = "layer"   # these families have one "GEMM" per problem: the whole call
 
 
 class BackendFamily:
     name = ""
-    step = BACKENDS       # its declaration (autotune.families.registry): the rest is each family's
+    step = BACKENDS       # its declaration (autotune.contract.registry): the rest is each family's
     gemms = (LAYER,)
 
     def __init__(self, skip: tuple = ()):

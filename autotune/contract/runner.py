@@ -9,7 +9,7 @@ study, choice) loops, times, checks and stores, and never knows a backend's rule
 
 Adding a backend is one file: a module in its family's package (autotune/families/fp8_gemm/,
 fp4_gemm/, moe_backends/) that defines `RUNNER` (or `RUNNERS`, one per family it serves). The
-capability table (autotune.families.capabilities) is made of these declarations. docs/DESIGN.md has an example.
+capability table (autotune.contract.capabilities) is made of these declarations. docs/DESIGN.md has an example.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Runner:
     needs: tuple = ()                 # Python modules that must import
     tunable: bool = False             # has tactics beyond -1 to search
     # (compute capabilities, evidence): what the field showed despite the declarations; the outcome
-    # a run expects there (autotune.families.capabilities.expected_failure), and the tests' expected outcome
+    # a run expects there (autotune.contract.capabilities.expected_failure), and the tests' expected outcome
     known_failures: tuple = ()
     # why autotune cannot launch it yet (declared so it is listed and skipped with the reason)
     not_implemented: str | None = None

@@ -1,8 +1,8 @@
-"""The kernel families a run tunes, found where they are declared, as autotune.families.runner.discover finds
+"""The kernel families a run tunes, found where they are declared, as autotune.contract.runner.discover finds
 backends: nothing here lists a family.
 
 A family is a package whose `FAMILY` (a class) or `FAMILIES` (several) is its protocol object's class
-(autotune.families.protocol.KernelFamily), and that class carries its declaration:
+(autotune.contract.protocol.KernelFamily), and that class carries its declaration:
 - `name`: what --kernels calls it;
 - `step`: what the run does with it: CONFIGS, a search of configs per (GEMM, M) written as the family's
   files (autotune.search.study, the family's `select` and `export`); BACKENDS, every backend measured and one
@@ -40,6 +40,9 @@ BACKENDS = "backends"        # every backend measured, one per server: server_ar
 MOE = "moe"                  # the fused-MoE layers of the chosen models
 DENSE = "dense"              # their dense GEMMs (attention projections, shared experts...)
 GROUP = "autotune.families"  # the entry-point group of plugged-in families
+# The package whose subpackages are the families in the tree: found by name, as a plugged-in package is (the
+# contract sits below the families and imports none of them).
+IN_TREE = "autotune.families"
 
 # What a run hands each family's constructor, by the names a family's `options` lists:
 #   space_path       the --search-space file (None: the family's own)
@@ -90,11 +93,11 @@ def declared(package) -> list[Family]:
 
 def _packages():
     """(where it came from, the imported package, whether it must declare one) of every package that may
-    declare families: a subpackage of this one may hold something else, a plugged-in package may not."""
-    here = importlib.import_module(__package__)
+    declare families: a subpackage of the tree's may hold something else, a plugged-in package may not."""
+    here = importlib.import_module(IN_TREE)
     for info in sorted(pkgutil.iter_modules(here.__path__), key=lambda m: m.name):
         if info.ispkg:
-            yield f"{__package__}.{info.name}", importlib.import_module(f"{__package__}.{info.name}"), False
+            yield f"{IN_TREE}.{info.name}", importlib.import_module(f"{IN_TREE}.{info.name}"), False
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
         where = f"the {GROUP} entry point {ep.name} = {ep.value}"
         try:

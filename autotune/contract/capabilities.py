@@ -1,6 +1,6 @@
 """Which backends of which kernel family a run launches on a GPU, and what is expected of them.
 
-The table is made of the runners' own declarations (autotune.families.runner: one module per
+The table is made of the runners' own declarations (autotune.contract.runner: one module per
 backend in its family's package). Each names the SGLang server-argument value that selects it
 (None when SGLang cannot select it and we measure it for reference only), what it calls, and what
 is known of where it runs: FlashInfer's own declaration (its `backend_requirement` /
@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.adapters import flashinfer_tuner, sglang_server
-from autotune.families import registry
+from autotune.contract import registry
 from autotune.gpus.device import DeviceInfo
 from autotune.gpus.catalog import SM120S
 
@@ -31,7 +31,7 @@ HOPPER_AND_UP = frozenset({90, 100, 103, 110, 120, 121})
 
 @functools.cache
 def _declared(package: str, asking: bool = True) -> tuple:
-    from autotune.families.runner import discover
+    from autotune.contract.runner import discover
     return tuple(discover(package, asking=asking))
 
 
