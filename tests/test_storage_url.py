@@ -202,3 +202,20 @@ def test_a_sqlite_storage_commits_to_a_write_ahead_log_unless_told_not_to(tmp_pa
         sync = c.exec_driver_sql("PRAGMA synchronous").scalar()
     storage.engine.dispose()
     assert mode == want and sync == (1 if want == "wal" else 2)        # NORMAL = 1, FULL = 2 (SQLite's default)
+
+
+def test_a_journal_said_wrongly_is_one_line_and_exit_2_before_anything_is_written(tmp_path):
+    """AUTOTUNE_SQLITE_JOURNAL other than wal or delete: one line naming the variable and what it takes, exit 2,
+    no storage and no folder made (it was taken silently as SQLite's own journal)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AUTOTUNE_SQLITE_JOURNAL": "walz"}
+    p = subprocess.run([sys.executable, "-m", "autotune", "run", "--shapes", "qwen3.5", "--tp", "8", "--replay",
+                        str(Path(__file__).parent / "data" / "h200_triton_moe_bf16_grid.jsonl.gz"), "--storage",
+                        f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "AUTOTUNE_SQLITE_JOURNAL='walz'" in p.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == []

@@ -78,6 +78,17 @@ def _memory_cap_problem() -> str | None:
     return None
 
 
+def _journal_problem() -> str | None:
+    """AUTOTUNE_SQLITE_JOURNAL said wrongly is one line before any command, not SQLite's default taken silently."""
+    from autotune.store.storage_url import sqlite_journal
+
+    try:
+        sqlite_journal()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
     """The command line `argv` (None: the process's own, and the process ends after it: a stop from
     then on, in the interpreter's shutdown, ends it at once with the same code)."""
@@ -146,7 +157,7 @@ def _main(argv) -> int:
     except (BadInput, UsageError) as e:          # UsageError: a kernel family's package declares it wrongly
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    why = cache_folders_problem() or _memory_cap_problem()
+    why = cache_folders_problem() or _memory_cap_problem() or _journal_problem()
     if why:
         print(f"autotune: error: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT

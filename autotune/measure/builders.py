@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from autotune.measure.tasks import Settings, Task
+from autotune.measure.tasks import Settings, Task, received, send
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,7 @@ def _builder_main(conn, settings: Settings, sm: int, log_path: str | None) -> No
         return
     conn.send(("ready", os.getpid()))
     with held:
-        while True:
-            try:
-                msg = conn.recv()
-            except EOFError:
-                return
-            if msg is None:
-                return
-            task: Task = msg
+        for task in received(conn):
             name = task.family or settings.family
             if name not in families:
                 families[name] = get_family(name, **settings.options.get(name, {}))
@@ -107,9 +100,6 @@ class Builders:
         n = building.processes
         self._ctx = mp.get_context("spawn")
         self._queue: list[Task] = []
-        self.compiles = 0            # kernels built (one per task and batch size)
-        self.compile_s = 0.0         # builder seconds spent on them
-        self.lost = 0                # builds lost to a dead or hung builder
         self.slots = [_Builder() for _ in range(max(1, n))]
         for b in self.slots:
             self._spawn(b)
@@ -121,10 +111,6 @@ class Builders:
         b.proc.start()
         child.close()
         b.conn, b.ready, b.task, b.last_beat = parent, False, None, time.monotonic()
-
-    def free(self) -> int:
-        """Builders a new task would start on at once."""
-        return max(0, sum(1 for b in self.slots if b.task is None) - len(self._queue))
 
     def busy(self) -> int:
         return sum(1 for b in self.slots if b.task is not None) + len(self._queue)
@@ -139,11 +125,7 @@ class Builders:
                 return
             if b.ready and b.task is None:
                 b.task, b.last_beat = self._queue.pop(0), time.monotonic()
-                tag, b.task.tag = b.task.tag, None       # the orchestrator's bookkeeping stays here
-                try:
-                    b.conn.send(b.task)
-                finally:
-                    b.task.tag = tag
+                send(b.conn, b.task)
 
     def waitables(self) -> list:
         return [b.conn for b in self.slots if b.conn is not None]
@@ -176,16 +158,12 @@ class Builders:
         elif msg[0] == "init_failed":
             raise RuntimeError(f"a builder process cannot start: {msg[1]}")
         elif msg[0] == "built" and b.task is not None:
-            build: Build = msg[2]
-            self.compiles += len(build.seconds)
-            self.compile_s += sum(build.seconds.values())
-            done.append((b.task, build))
+            done.append((b.task, msg[2]))
             b.task = None
 
     def _lost(self, b: _Builder, why: str, done: list) -> None:
         """A builder that died or hung is replaced; its task goes on to be measured (and compiled there)."""
         if b.task is not None:
-            self.lost += 1
             done.append((b.task, Build(lost=why)))
         self._kill(b)
         self._spawn(b)

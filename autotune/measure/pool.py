@@ -18,7 +18,6 @@ one line, and what was measured is in the storage for the resumed run.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import faulthandler
 import itertools
 import multiprocessing as mp
@@ -37,7 +36,7 @@ from autotune.measure.frames import stuck_at
 from autotune.fileio.writing import write_bytes
 from autotune.measure.measurer import Measurer
 from autotune.measure.records import Measurement, failure
-from autotune.measure.tasks import Settings, Task
+from autotune.measure.tasks import Settings, Task, received, send
 
 # Resource failures of one measurement before the pool gives up on a GPU already down to one worker.
 MAX_RESOURCE_ATTEMPTS = 3
@@ -105,13 +104,7 @@ def _worker_main(conn, gpu: int, lock_dir: str, settings: Settings, first: bool 
         time.sleep(0.2)
     conn.send(("ready", os.getpid()))
     with in_context(ctx):
-        while True:
-            try:
-                msg = conn.recv()
-            except EOFError:
-                return
-            if msg is None:
-                return
+        for msg in received(conn):
             if isinstance(msg, tuple) and msg[0] == "limit":   # its share of the GPU changed (autotune.gpus.memory_plan)
                 measurer.limit_memory(msg[1])
                 continue
@@ -339,11 +332,7 @@ class WorkerPool:
         else:
             self._start(slot, task, Ms)
             self._count_idle(slot)
-        tag, task.tag = task.tag, None
-        try:
-            slot.conn.send(task if Ms == task.Ms else dataclasses.replace(task, Ms=list(Ms)))
-        finally:
-            task.tag = tag
+        send(slot.conn, task, Ms)
 
     @staticmethod
     def _start(slot: _Slot, task: Task, Ms: list) -> None:
@@ -454,13 +443,13 @@ class WorkerPool:
         elif kind == "fatal":
             s.fatal = msg[1]
         elif kind == "done" and s.task is not None:
-            self.peak_bytes = max(self.peak_bytes, msg[2] if len(msg) > 2 else 0)
-            if len(msg) > 4:
-                self.pace.held_s += msg[3] - s.held_s
-                self.pace.compile_wait_s += msg[4] - s.compile_s
-                if s.results:
-                    self._recent.append((msg[3] - s.held_s) / len(s.results))
-                s.held_s, s.compile_s = msg[3], msg[4]
+            _, _, peak, held_s, compile_s = msg      # the worker's totals so far: the task's share is the increase
+            self.peak_bytes = max(self.peak_bytes, peak)
+            self.pace.held_s += held_s - s.held_s
+            self.pace.compile_wait_s += compile_s - s.compile_s
+            if s.results:
+                self._recent.append((held_s - s.held_s) / len(s.results))
+            s.held_s, s.compile_s = held_s, compile_s
             task, results = s.task, s.results
             s.task, s.results, s.pending_Ms = None, [], []
             if s.behind:     # the worker has already begun the next one

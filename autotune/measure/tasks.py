@@ -3,6 +3,7 @@ a list of M), and the loop that runs tasks through any pool (autotune.measure.po
 autotune.measure.replay's recording: the same submit / idle / poll verbs)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from autotune import stops
@@ -44,6 +45,30 @@ class Task:
     # A config timed alternately beside this one in one hold of the GPU lock (measure.duel): a
     # tactic's careful re-measurement beside its backend's default, so the pin compares one state.
     versus: dict | None = None
+
+
+def send(conn, task: Task, Ms: list | None = None) -> None:
+    """`task` (at `Ms` where given: a retry's batch sizes still owed) down a worker's or builder's pipe, without
+    its `tag`: the orchestrator's bookkeeping (a study's slot, a trial) stays in the orchestrator."""
+    out = task if Ms is None or Ms == task.Ms else dataclasses.replace(task, Ms=list(Ms))
+    tag, out.tag = out.tag, None
+    try:
+        conn.send(out)
+    finally:
+        out.tag = tag
+
+
+def received(conn):
+    """What the orchestrator sends a worker or builder, one message at a time, until it says stop (None) or
+    its end of the pipe is gone."""
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        yield msg
 
 
 def run_tasks(pool, tasks: list, on_result, stop=lambda: False) -> list:

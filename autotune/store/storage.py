@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 
 from autotune.measure.records import INVALID, Measurement, config_key, is_resource_failure
-from autotune.store.storage_url import safe_url, scrub
+from autotune.store.storage_url import safe_url, scrub, sqlite_journal
 
 # Optuna's INFO lines ("A new study created in RDB ...") are not the run's to print: quiet from the
 # first storage opened (--log-level debug turns them back on).
@@ -132,9 +132,6 @@ def open_storage(url: str | None, shared: bool = False, heartbeat_s: int = 10, e
             raise StorageError(f"storage {safe_url(url)} unreachable: {type(e).__name__}: {first}") from None
 
 
-# SQLite's journal for a run's storage file: "wal" (the default, quick_commits) or "delete", SQLite's own default,
-# for a file on a network file system, where SQLite's write-ahead log does not work.
-JOURNAL_ENV = "AUTOTUNE_SQLITE_JOURNAL"
 
 
 def quick_commits(storage):
@@ -144,11 +141,9 @@ def quick_commits(storage):
     behind the GPU it feeds. A process killed mid-run loses nothing committed (WAL is atomic and durable across
     a crash of the program; only a power cut can lose the last commits, never corrupt the file).
     AUTOTUNE_SQLITE_JOURNAL=delete keeps SQLite's own journal (a file on NFS, say: its log needs shared memory)."""
-    import os
-
     import sqlalchemy
 
-    if os.environ.get(JOURNAL_ENV, "wal").strip().lower() != "wal":
+    if sqlite_journal() != "wal":
         return storage
 
     @sqlalchemy.event.listens_for(storage.engine, "connect")

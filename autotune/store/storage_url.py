@@ -199,3 +199,17 @@ def scrub(text: str, url: str) -> str:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+# SQLite's journal for the storages the tool opens: a write-ahead log (the default), or SQLite's own rollback
+# journal ("delete": a file system without the shared memory the log needs, NFS say). autotune.store.storage.
+JOURNAL_ENV = "AUTOTUNE_SQLITE_JOURNAL"
+JOURNALS = ("wal", "delete")
+
+
+def sqlite_journal() -> str:
+    """The journal AUTOTUNE_SQLITE_JOURNAL asks for ("wal" where unset); ValueError, in one line, for another value."""
+    value = os.environ.get(JOURNAL_ENV, "wal").strip().lower() or "wal"
+    if value not in JOURNALS:
+        raise ValueError(f"{JOURNAL_ENV}={os.environ[JOURNAL_ENV]!r}: say {' or '.join(JOURNALS)} (wal where unset)")
+    return value

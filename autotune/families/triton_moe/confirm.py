@@ -12,9 +12,8 @@ What was timed and decided goes to provenance (per_M[M]["layer"]).
 from __future__ import annotations
 
 from autotune.families.triton_moe.layer_timing import (BASELINES, DEFAULT, SHIPPED, LayerError, empty_folder,
-                                                      write_side)
+                                                      faster, fastest, write_side)
 from autotune.families.triton_moe.costs import REPEATS, TOP_PAIRS
-from autotune.measure.timing import noise
 
 def candidates(choice) -> dict:
     """side name -> the re-measured candidate row it runs ({source, gate_up, down, gate_up_us, down_us,
@@ -38,14 +37,10 @@ def side_folders(problem, device, cands: dict, root) -> dict:
     return {**folders, SHIPPED: None, DEFAULT: empty_folder(root)}
 
 
-def faster_baseline(row: dict, sides) -> str:
-    return min((s for s in sides if s in BASELINES), key=lambda s: row[f"{s} µs"])
-
-
 def decide(row: dict, sides) -> str:
     """The side written: the selection's pick (tuned1), or another tuned side that beats it beyond the noise, where
     that beats the faster baseline beyond the noise of the two (autotune.measure.timing.noise), else that baseline."""
-    base = faster_baseline(row, sides)
+    base = fastest(row, [s for s in sides if s in BASELINES])
     tuned = [s for s in sides if s not in BASELINES]
     if not tuned:
         return base
@@ -54,11 +49,6 @@ def decide(row: dict, sides) -> str:
         if faster(row, s, best):
             best = s
     return best if faster(row, best, base) else base
-
-
-def faster(row: dict, a: str, b: str) -> bool:
-    """Side `a` faster than side `b` beyond the noise of the two (autotune.measure.timing.noise)."""
-    return row[f"{b} µs"] > row[f"{a} µs"] * (1 + noise(row[f"{a} spread"], row[f"{b} spread"]))
 
 
 def _same(loaded, meant) -> bool:
@@ -104,7 +94,7 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
             rec = {"us": {s: round(row[f"{s} µs"], 3) for s in sides},
                    "spread": {s: round(row[f"{s} spread"], 4) for s in sides}, "picked": side, "source": r["source"],
                    # the written pair against the faster of SGLang's own (negative: faster)
-                   "vs_sglang": round(row[f"{side} µs"] / row[f"{faster_baseline(row, sides)} µs"] - 1, 4)}
+                   "vs_sglang": round(row[f"{side} µs"] / row[f"{fastest(row, [s for s in sides if s in BASELINES])} µs"] - 1, 4)}
             if (r["gate_up"], r["down"]) != (c.gate_up, c.down):
                 rec["pick_was"] = c.source
                 choices[M] = Choice.pair(M, (r["gate_up"], r["down"]), (r["gate_up_us"], r["down_us"]), r["source"],

@@ -201,8 +201,17 @@ def time_sides(timer: LayerTimer, sides: dict, Ms, repeats: int = 3) -> list[dic
 def verdict(row: dict, side: str = TUNED, against=BASELINES) -> dict:
     """A time_sides row judged: the fastest of `against`, its µs, the noise threshold (the larger of the two
     sides' spreads, at least measure.MIN_EFFECT) and whether `side` is slower than it beyond that."""
-    best = min((s for s in against if f"{s} µs" in row), key=lambda s: row[f"{s} µs"])
-    margin = noise(row[f"{side} spread"], row[f"{best} spread"])
-    return {"side": best, "us": row[f"{best} µs"], "noise": margin,
-            "slower": row[f"{side} µs"] > row[f"{best} µs"] * (1 + margin)}
+    best = fastest(row, against)
+    return {"side": best, "us": row[f"{best} µs"], "noise": noise(row[f"{side} spread"], row[f"{best} spread"]),
+            "slower": faster(row, best, side)}
+
+
+def fastest(row: dict, sides) -> str:
+    """The side of `sides` the row timed fastest."""
+    return min((s for s in sides if f"{s} µs" in row), key=lambda s: row[f"{s} µs"])
+
+
+def faster(row: dict, a: str, b: str) -> bool:
+    """Side `a` faster than side `b` beyond the noise of the two (autotune.measure.timing.noise)."""
+    return row[f"{b} µs"] > row[f"{a} µs"] * (1 + noise(row[f"{a} spread"], row[f"{b} spread"]))
 
