@@ -67,24 +67,16 @@ def _working_folder_problem() -> str | None:
         return f"the working folder {where} no longer exists (it was deleted): cd into a folder that exists first"
 
 
-def _memory_cap_problem() -> str | None:
-    """AUTOTUNE_GPU_MEMORY read once, before any command: every command that touches the GPU obeys it."""
+def _environment_problem() -> str | None:
+    """The variables every command obeys, read once before any command: AUTOTUNE_GPU_MEMORY (every command that
+    touches the GPU) and AUTOTUNE_SQLITE_JOURNAL (every storage opened); one said wrongly is one line."""
     from autotune.gpus.memory_plan import GpuMemoryError, memory_cap
-
-    try:
-        memory_cap()
-    except GpuMemoryError as e:
-        return str(e)
-    return None
-
-
-def _journal_problem() -> str | None:
-    """AUTOTUNE_SQLITE_JOURNAL said wrongly is one line before any command, not SQLite's default taken silently."""
     from autotune.store.storage_url import sqlite_journal
 
     try:
+        memory_cap()
         sqlite_journal()
-    except ValueError as e:
+    except (GpuMemoryError, ValueError) as e:
         return str(e)
     return None
 
@@ -157,7 +149,7 @@ def _main(argv) -> int:
     except (BadInput, UsageError) as e:          # UsageError: a kernel family's package declares it wrongly
         print(f"autotune: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    why = cache_folders_problem() or _memory_cap_problem() or _journal_problem()
+    why = cache_folders_problem() or _environment_problem()
     if why:
         print(f"autotune: error: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
