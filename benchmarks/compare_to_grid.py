@@ -58,8 +58,10 @@ def grid_optimum(cache, pk: str, M: int) -> float:
 
 
 def pair_us(cache, pk: str, M: int, up: dict, down: dict) -> float | None:
-    """Grid time of a pair; None when the grid lacks either config (or it failed there)."""
-    g, d = cache.get(pk, "gate_up", M, up), cache.get(pk, "down", M, down)
+    """Grid time of a pair (entries of SGLang's files); None when the grid lacks either config (or it failed there)."""
+    from autotune.contract.config import KernelConfig
+
+    g, d = (cache.get(pk, gemm, M, KernelConfig.from_entry(c)) for gemm, c in (("gate_up", up), ("down", down)))
     if g is None or d is None or not (g.ok and d.ok):
         return None
     return g.time_us + d.time_us

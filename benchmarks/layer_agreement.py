@@ -121,11 +121,14 @@ def gemm_sum(problem, pairs: dict, M: int) -> dict:
     from autotune.families.triton_moe import TritonMoe
     from autotune.measure.timing import time_gpu
 
+    from autotune.contract.config import KernelConfig
+
     fam = TritonMoe()
     out = {}
     ins = {g: fam.make_inputs(problem, g, M) for g in ("gate_up", "down")}
     for s, (up, down) in pairs.items():
-        cfgs = {"gate_up": up, "down": {**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]}}
+        cfgs = {"gate_up": KernelConfig.from_entry(up),
+                "down": KernelConfig.from_entry({**down, "BLOCK_SIZE_M": up["BLOCK_SIZE_M"]})}
         out[s] = sum(time_gpu(lambda i, g=g: fam.run(cfgs[g], ins[g], i), 10, repeats=7).median_us for g in cfgs)
     return out
 
@@ -136,8 +139,10 @@ def warmup_ab(problem, Ms=(1, 64, 1024), rounds: int = 8) -> list[dict]:
     from autotune.families.triton_moe import TritonMoe
     from autotune.measure.timing import time_gpu
 
+    from autotune.contract.config import KernelConfig
+
     fam, out = TritonMoe(), []
-    cfg = {"gate_up": UP, "down": {**UP, "num_stages": 3}}
+    cfg = {"gate_up": KernelConfig.from_entry(UP), "down": KernelConfig.from_entry({**UP, "num_stages": 3})}
     for M in Ms:
         for g in ("gate_up", "down"):
             inputs = fam.make_inputs(problem, g, M)

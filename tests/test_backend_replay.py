@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.cli import main
 from autotune.export import server_args
 from autotune.problems.models import Problem
@@ -23,7 +24,7 @@ def cache_path(tmp_path):
     c = Cache(H200, problems={p.key: p.to_dict()})
     for b, f in TIMES.items():
         for M in MS:
-            c.add(Measurement(p.key, "layer", M, {"backend": b, "tactic": -1}, "ok", time_us=f(M), spread=0.01,
+            c.add(Measurement(p.key, "layer", M, KernelConfig.from_entry({"backend": b, "tactic": -1}), "ok", time_us=f(M), spread=0.01,
                               error=1e-3, bench_s=0.01))
     path = tmp_path / "h200_moe_bf16.jsonl.gz"
     write_cache(path, c)
@@ -238,7 +239,7 @@ def test_a_recording_read_again_is_its_current_content_and_each_reader_owns_its_
 
     first = read_cache(cache_path)
     n = len(first.records)
-    extra = Measurement("E=1,N=1,K=1,topk=1,bf16", "layer", 1, {"backend": "triton", "tactic": -1}, "ok",
+    extra = Measurement("E=1,N=1,K=1,topk=1,bf16", "layer", 1, KernelConfig.from_entry({"backend": "triton", "tactic": -1}), "ok",
                         time_us=1.0)
     first.add(extra)
     first.device["name"] = "changed by its reader"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.measure import records
 from autotune.measure.builders import Building
 from autotune.measure.pool import WorkerPool
@@ -79,7 +80,7 @@ def test_every_task_is_built_apart_first_and_a_failed_build_is_never_a_verdict(t
     settings = Settings(family="tests.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
     builds = ["ok", "error", "crash", "hang", "ok2"]
     with WorkerPool(settings, n_workers=1, timeout_s=8, building=Building(2, 90)) as pool:
-        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "ok", "build": b}, [1, 2])
+        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": "ok", "build": b}), [1, 2])
                           for b in builds])
         pace = pool.pace
     assert set(out) == set(builds)
@@ -105,7 +106,7 @@ def test_a_task_waiting_behind_a_crash_or_a_hang_is_measured_and_not_blamed(tmp_
             behind.append(slot.task is not None)
             real_send(slot, task, Ms)
         pool._send = send
-        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": m, "build": b}, [1, 2])
+        out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": m, "build": b}), [1, 2])
                           for b, m in modes.items()])
         replaced = pool.replaced
     assert any(behind), "no task was handed to a worker behind the one it measured"

@@ -4,35 +4,36 @@ written, a tuned pair only beyond the noise of the faster baseline; what SGLang'
 is exactly the pair meant (every entry stating num_warps and num_stages)."""
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.families.triton_moe.confirm import TOP_PAIRS, candidates, confirm_by_layer, side_folders
 from autotune.families.triton_moe.layer_timing import LayerError
 from autotune.gpus.device import DeviceInfo
 from autotune.problems.models import Problem
-from autotune.search.finalists import Choice
+from autotune.search.finalists import Choice, Finalist, Scored
 
 H200 = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"triton": "3.6.0"})
 PROBLEM = Problem(512, 128, 4096, 10, "bf16")
 
 
 def cfg(bm, bn, **kw):
-    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
-            "num_stages": 3, **kw}
+    return KernelConfig.from_entry({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                                    "num_warps": 4, "num_stages": 3, **kw})
 
 
 def row(source, up, down, total):
-    return {"source": source, "gate_up": up, "down": down, "gate_up_us": total * 0.6, "down_us": total * 0.4,
-            "total_us": total}
+    return Scored(Finalist(source, {"gate_up": up, "down": down}), {"gate_up": total * 0.6, "down": total * 0.4})
 
 
 def choice(M, shipped=True, tuned=((16, 64, 15.0), (32, 64, 16.0))):
     rows = [row("tuned", cfg(bm, bn), cfg(bm, bn), t) for bm, bn, t in tuned]
     # SGLang's default config names no num_warps / num_stages: Triton's defaults run
-    default = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
-    rows.append(row("default", default, dict(default), 21.0))
+    default = KernelConfig.from_entry({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1})
+    rows.append(row("default", default, default, 21.0))
     if shipped:
         rows.append(row("shipped", cfg(32, 128, num_stages=4), cfg(32, 128, num_stages=4), 17.0))
     best = rows[0]
-    return Choice.pair(M, (best["gate_up"], best["down"]), (best["gate_up_us"], best["down_us"]), "tuned",
+    return Choice.pair(M, (best.finalist.configs["gate_up"], best.finalist.configs["down"]),
+                       (best.times["gate_up"], best.times["down"]), "tuned",
                        {"default": 21.0, "shipped": 17.0 if shipped else None}, rows)
 
 
@@ -92,7 +93,7 @@ def test_at_most_the_top_tuned_pairs_are_timed_by_their_sums():
     many = choice(1, tuned=[(16, 16 * (i + 1), 15.0 + i) for i in range(TOP_PAIRS + 2)])
     names = candidates(many)
     assert [n for n in names if n.startswith("tuned")] == [f"tuned{i}" for i in range(1, TOP_PAIRS + 1)]
-    assert names["tuned1"]["total_us"] == 15.0 and {"shipped", "default"} <= set(names)
+    assert names["tuned1"].total_us == 15.0 and {"shipped", "default"} <= set(names)
 
 
 def test_each_side_folder_serves_exactly_its_pair_through_sglangs_loader(tmp_path):
@@ -113,7 +114,8 @@ def test_each_side_folder_serves_exactly_its_pair_through_sglangs_loader(tmp_pat
             if name == "default":
                 assert not found and up["BLOCK_SIZE_N"] == 32      # an empty folder: SGLang's default config
                 continue
-            assert found and up == {**r["gate_up"]} and down == {**r["down"], "BLOCK_SIZE_M": r["gate_up"]["BLOCK_SIZE_M"]}
+            g, d = r.finalist.configs["gate_up"], r.finalist.configs["down"]
+            assert found and up == g.to_entry() and down == d.with_params(BLOCK_SIZE_M=g["BLOCK_SIZE_M"]).to_entry()
             assert {"num_warps", "num_stages"} <= set(up) and {"num_warps", "num_stages"} <= set(down)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.contract.config import KernelConfig
 from autotune.contract import registry
 from autotune.measure import records
 from autotune.contract.protocol import get_family
@@ -146,7 +147,7 @@ def measure(family_spec: str, config: dict, options: dict | None = None, M: int 
     """One measurement by the worker's own Measurer, in this process, on the CPU."""
     problem = Problem(8, 32, 64, 2, "bf16", batch_sizes=(M,))
     settings = Settings(family=family_spec, options={family_spec: options or {}}, on_cpu=True, routings=1, repeats=3)
-    m, fatal = Measurer(settings, None).measure(Task(problem.to_dict(), problem.key, "g", config, [M],
+    m, fatal = Measurer(settings, None).measure(Task(problem.to_dict(), problem.key, "g", KernelConfig.from_entry(config), [M],
                                                      family=family_spec), problem, M)
     assert not fatal
     return m
@@ -192,7 +193,7 @@ def _triton_measurer():
     measurer = Measurer(Settings(family="triton_moe", on_cpu=True, routings=1, repeats=3), None)
 
     def one(gemm="gate_up"):
-        return measurer.measure(Task(problem.to_dict(), problem.key, gemm, TRITON_CFG, [2]), problem, 2)[0]
+        return measurer.measure(Task(problem.to_dict(), problem.key, gemm, KernelConfig.from_entry(TRITON_CFG), [2]), problem, 2)[0]
     return one
 
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.contract import capabilities, registry
 from autotune.cli import main
 from autotune.gpus.device import cpu_interpreter
@@ -45,7 +46,7 @@ def record_on_this_cpu(path):
         for b in (r.name for r in capabilities.runners("toy_gemm")):
             for M in p.batch_sizes:
                 for careful in (False, True):
-                    task = Task(p.to_dict(), p.key, "layer", {"backend": b, "tactic": -1}, [M], family="toy_gemm",
+                    task = Task(p.to_dict(), p.key, "layer", KernelConfig.from_entry({"backend": b, "tactic": -1}), [M], family="toy_gemm",
                                 repeats=21 if careful else None)
                     cache.add(measurer.measure(task, p, M)[0], careful=careful)
     write_cache(path, cache)
@@ -66,10 +67,10 @@ def test_a_toy_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, cap
     assert rc == 0, out
     assert "toy_gemm" not in registry.names()        # unplugged again
     # The recording decides: the correct backend with the least layer-weighted time over the decode mix.
-    totals = {b: sum(p.layers * cache.get(k, "layer", M, {"backend": b, "tactic": -1}, careful=True).time_us
+    totals = {b: sum(p.layers * cache.get(k, "layer", M, KernelConfig.from_entry({"backend": b, "tactic": -1}), careful=True).time_us
                      for k, p in problems.items() for M in p.batch_sizes) for b in ("plain", "chunked")}
     # SGLang's auto (the toy's: plain) stays unless beaten beyond the noise of both sides' timings
-    spread = {b: max(cache.get(k, "layer", M, {"backend": b, "tactic": -1}, careful=True).spread
+    spread = {b: max(cache.get(k, "layer", M, KernelConfig.from_entry({"backend": b, "tactic": -1}), careful=True).spread
                      for k, p in problems.items() for M in p.batch_sizes) for b in totals}
     beaten = totals["chunked"] * (1 + noise(*spread.values())) < totals["plain"]
     best = "chunked" if beaten else "plain"
@@ -169,7 +170,7 @@ def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_pa
     assert set(up) == set(down) == {"1", "8"}
 
     def careful_us(gemm, M, cfg):
-        return cache.get(p.key, gemm, M, cfg, careful=True).time_us
+        return cache.get(p.key, gemm, M, KernelConfig.from_entry(cfg), careful=True).time_us
     space = Space("toy_moe", SPACE)
     for M in ("1", "8"):
         assert space.indices_of(up[M]) is not None and space.indices_of(down[M]) is not None

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.contract.capabilities import Availability
 from autotune.cli import main
 from autotune.contract.runner import Runner
@@ -92,7 +93,7 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(1,))
 
     def export(c, gate_up_us):
-        return export_problem(TunedFolder.under(tmp_path, dev), p, {1: Choice.pair(1, (c, c), (gate_up_us, 10.0))}, {})
+        return export_problem(TunedFolder.under(tmp_path, dev), p, {1: Choice.pair(1, (KernelConfig.from_entry(c),) * 2, (gate_up_us, 10.0))}, {})
     assert export(cfg, 10.4444)["kept"] == {}
     assert export(other, 10.4444)["kept"] == {}                   # level as stored: the new one is written
     assert export(cfg, 10.4454)["kept"] == {1: "existing 20.44 us beats new 20.45 us"}

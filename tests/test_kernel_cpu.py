@@ -3,6 +3,7 @@ against the float32 reference the family checks every timed result with."""
 import pytest
 import torch
 
+from autotune.contract.config import KernelConfig
 from autotune.gpus.device import cpu_interpreter
 from autotune.families.triton_moe.moe_align import cpu_align_block_size
 from autotune.families.triton_moe import TritonMoe
@@ -10,10 +11,10 @@ from autotune.measure.timing import check_output
 from autotune.problems.models import Problem
 
 PROBLEM = Problem(E=8, N=32, K=64, top_k=2, dtype="bf16")
-CONFIGS = [
+CONFIGS = [KernelConfig.from_entry(c) for c in (
     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
     {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 3},
-]
+)]
 
 
 @pytest.mark.parametrize("gemm", ["gate_up", "down"])

@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.cli import main
 from autotune.gpus.device import DeviceInfo
 from autotune.families.triton_moe.export import export_problem
@@ -25,7 +26,7 @@ def git(repo, *args):
 
 def tuned(tmp_path, name, times, cfg=A, gate=True, device=DEV):
     out = tmp_path / name
-    choices = {M: Choice.pair(M, (cfg, cfg), (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
+    choices = {M: Choice.pair(M, (KernelConfig.from_entry(cfg),) * 2, (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None}) for M, t in times.items()}
     export_problem(TunedFolder.under(out, device), P, choices, {})
     if gate is not None:
         validated(out / device.file_name, gate)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.cli import main
 from tests.conftest import GRID
 
@@ -47,7 +48,7 @@ def test_tuned_is_never_slower_than_sglangs_default_or_shipped(first_run, grid_c
     pk = qwen397_bf16.key
 
     def pair(M, g, d):
-        a, b = grid_cache.get(pk, "gate_up", M, g), grid_cache.get(pk, "down", M, d)
+        a, b = grid_cache.get(pk, "gate_up", M, KernelConfig.from_entry(g)), grid_cache.get(pk, "down", M, KernelConfig.from_entry(d))
         return a.time_us + b.time_us if a and b and a.ok and b.ok else float("inf")
     for M in (1, 8, 4096):
         tuned = pair(M, up[str(M)], down[str(M)])

@@ -4,6 +4,7 @@ storage of an earlier release that holds one as a runtime error or a crash measu
 import optuna
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.measure import records
 from autotune.gpus.device import cpu_interpreter
 from autotune.errors import GpuMemoryExhausted
@@ -48,7 +49,7 @@ def test_classify_says_resource_for_memory_and_busy_devices_only():
     (records.OUT_OF_RESOURCES, "out of resource: shared memory", False),
 ])
 def test_earlier_releases_rows_are_read_as_resource_failures_by_their_reason(status, reason, resource):
-    m = records.failure("p", "gate_up", 8, {"BLOCK_SIZE_M": 16}, status, reason)
+    m = records.failure("p", "gate_up", 8, KernelConfig.from_entry({"BLOCK_SIZE_M": 16}), status, reason)
     assert is_resource_failure(m) is resource
 
 
@@ -60,7 +61,7 @@ def test_out_of_memory_before_the_launch_is_the_machines_failure_never_the_confi
     from autotune.measure.measurer import Measurer
 
     m, fatal = Measurer(Settings(family=OomBeforeLaunch.spec, on_cpu=True, routings=1), None).measure(
-        Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": mode}, [1], family=OomBeforeLaunch.spec), PROBLEM, 1)
+        Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": mode}), [1], family=OomBeforeLaunch.spec), PROBLEM, 1)
     assert (m.status, fatal) == (records.RESOURCE, False) and is_resource_failure(m)
     assert m.reason.startswith(f"{stage}: OutOfMemoryError: CUDA out of memory")
 
@@ -79,7 +80,7 @@ def state(tmp_path, monkeypatch):
 
 
 def _task(mode, Ms=(1, 2)):
-    return Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": mode}, list(Ms))
+    return Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": mode}), list(Ms))
 
 
 def _two_phases():
@@ -152,21 +153,21 @@ def test_an_old_storages_out_of_memory_rows_are_measured_again_on_resume(state, 
     store = Store(storage, dists)
     from autotune.store.storage import config_study_name
     study = store.open(("g", 1), config_study_name(fam.name, dev.file_name, PROBLEM.key, "g", 1))
-    old = records.failure(PROBLEM.key, "g", 1, {"mode": "oom_once"}, records.RUNTIME_ERROR,
+    old = records.failure(PROBLEM.key, "g", 1, KernelConfig.from_entry({"mode": "oom_once"}), records.RUNTIME_ERROR,
                           f"first launch: OutOfMemoryError: {OOM}")
     study.add_trial(optuna.trial.create_trial(params={"mode": 1}, distributions=dists["g", 1], value=float("inf"),
                                               user_attrs={ATTR: old.to_dict(), "asked": True}))
-    careful = records.failure(PROBLEM.key, "g", 1, {"mode": "ok"}, records.CRASH,
+    careful = records.failure(PROBLEM.key, "g", 1, KernelConfig.from_entry({"mode": "ok"}), records.CRASH,
                               "CUDA context lost (timing: CUDA error: out of memory); worker exited with code 3")
     study.set_user_attr('careful:{"mode":"ok"}', careful.to_dict())
 
     settings = Settings(family=OomFaulty.spec, on_cpu=True, routings=1)
     with WorkerPool(settings, n_workers=1, timeout_s=60) as pool:
         tuner = ProblemTuner(SearchContext(storage, dev, pool, TuneSettings(trials=2, startup=2, neighbours=0)), PROBLEM, fam)
-        assert tuner.known("g", 1, {"mode": "oom_once"}) is None           # read as not measured
+        assert tuner.known("g", 1, KernelConfig.from_entry({"mode": "oom_once"})) is None           # read as not measured
         assert not tuner.careful                                              # the careful one too
         tuner.search()
-    again = tuner.known("g", 1, {"mode": "oom_once"})
+    again = tuner.known("g", 1, KernelConfig.from_entry({"mode": "oom_once"}))
     assert again is not None and again.ok                                    # measured again, correct this time
     assert "healed:0" in study.user_attrs
     # the resumed run's budget did not count the old row as a measured ask

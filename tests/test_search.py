@@ -2,6 +2,7 @@
 import optuna
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.contract.protocol import get_family
 from autotune.measure.records import Measurement, config_key
 from autotune.measure.replay import ReplayPool
@@ -11,7 +12,7 @@ from autotune.search.study import ProblemTuner, TuneSettings
 
 
 def _m(gemm, bm, bn, t):
-    return Measurement("p", gemm, 8, {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn}, "ok", time_us=t)
+    return Measurement("p", gemm, 8, KernelConfig.from_entry({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn}), "ok", time_us=t)
 
 
 def test_pairs_share_block_m_and_minimise_the_sum():
@@ -23,7 +24,7 @@ def test_pairs_share_block_m_and_minimise_the_sum():
 
 
 def test_failed_measurements_never_form_pairs():
-    bad = Measurement("p", "down", 8, {"BLOCK_SIZE_M": 16}, "wrong_result", time_us=1.0)
+    bad = Measurement("p", "down", 8, KernelConfig.from_entry({"BLOCK_SIZE_M": 16}), "wrong_result", time_us=1.0)
     assert candidate_pairs([_m("gate_up", 16, 64, 10.0)], [bad], top=3) == []
 
 
@@ -161,7 +162,7 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
     import random
 
     from autotune.families.triton_moe.schema import CONFIG_ORDER
-    from autotune.measure.records import canonical, config_key
+    from autotune.contract.config import canonical, config_key
 
     rng = random.Random(0)
     configs = [{"backend": "flashinfer_cudnn", "tactic": [7, [[12, 41]]]}, {"backend": "triton", "tactic": -1}, {},
@@ -169,7 +170,8 @@ def test_config_key_is_the_compact_json_of_the_canonical_config_for_every_kind_o
                {"BLOCK_SIZE_M": 64, "name": "ü"}, {"BLOCK_SIZE_M": 1.5}, {"bad key": 1}]
     for _ in range(200):
         keys = rng.sample(CONFIG_ORDER + ("zeta", "alpha"), rng.randint(1, 9))
-        configs.append({k: rng.choice([True, False, 0, 1, 16, 256, -3]) for k in keys})
+        configs.append({k: rng.choice([1, 16, 4] if k in ("num_warps", "num_stages") else [True, False, 0, 1, 16, 256, -3])
+                        for k in keys})
     for c in configs:
         assert config_key(c) == json.dumps(canonical(c), separators=(",", ":")), c
     # the key order is the one its family declares (SGLang's, in the files it reads), switches only when on

@@ -6,18 +6,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.measure import records
 from autotune.search.finalists import TUNED, Choice, Finalist, Scored, remeasure, score, winner
 from autotune.measure.records import Measurement, config_key
 from autotune.families.triton_moe.pairs import candidate_pairs, select_problem
 
 
-def cfg(bm: int, n: int = 64) -> dict:
-    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
-            "num_stages": 3}
+def cfg(bm: int, n: int = 64) -> KernelConfig:
+    return KernelConfig.from_entry({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                                    "num_warps": 4, "num_stages": 3})
 
 
-def timed(gemm: str, M: int, config: dict, us: float | None, status: str = records.OK) -> Measurement:
+def timed(gemm: str, M: int, config: KernelConfig, us: float | None, status: str = records.OK) -> Measurement:
     return Measurement("p", gemm, M, config, status, time_us=us if status == records.OK else None, spread=0.01)
 
 
@@ -75,14 +76,17 @@ def test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_the_baseline():
 
 
 def test_a_choice_reads_back_as_it_was_written():
-    pair = Choice.pair(8, (cfg(16), cfg(16, 32)), (2.0, 3.0), "shipped", {"default": 6.0, "shipped": 5.0}, [{"x": 1}])
+    rows = [Scored(Finalist("shipped", {"gate_up": cfg(16), "down": cfg(16, 32)}), {"gate_up": 2.0, "down": 3.0}),
+            Scored(Finalist("default", {"gate_up": cfg(64), "down": cfg(64)}), {"gate_up": 4.0, "down": None})]
+    pair = Choice.pair(8, (cfg(16), cfg(16, 32)), (2.0, 3.0), "shipped", {"default": 6.0, "shipped": 5.0}, rows)
     assert pair.total_us == 5.0 and pair.gate_up_us == 2.0 and pair.down_us == 3.0
     d = pair.to_dict()
     assert d["total_us"] == 5.0 and d["source"] == "shipped" and d["baseline_us"] == {"default": 6.0, "shipped": 5.0}
     assert Choice.from_dict(d) == pair
     del d["source"]                    # written before choices named their source: the tuned config's
     assert Choice.from_dict(d).source == TUNED
-    layer = Choice.layer(8, {"backend": "b", "tactic": 3}, 4.0, 5.0, [{"y": 2}])
+    lc = KernelConfig.from_entry({"backend": "b", "tactic": [3, [1]]})
+    layer = Choice.layer(8, lc, 4.0, 5.0, [Scored(Finalist(TUNED, {"layer": lc}), {"layer": 4.0})])
     assert layer.time_us == 4.0 and layer.auto_us == 5.0 and layer.to_dict()["auto_us"] == 5.0
     assert (layer.M, layer.source, layer.baseline_us) == (8, TUNED, {"auto": 5.0})
     assert Choice.from_dict(layer.to_dict()) == layer
@@ -174,11 +178,12 @@ def test_select_re_measures_the_top_pairs_and_sglangs_and_the_fastest_wins_with_
     assert choice.M == 8 and choice.source == TUNED and choice.gate_up == slow and choice.down == slow
     assert choice.times == {"gate_up": 2.5, "down": 2.5}
     assert choice.baseline_us == {"shipped": 6.0, "default": None}
-    assert {r["source"] for r in choice.candidates} == {TUNED, "shipped", "default"} and len(choice.candidates) == 6
-    assert {"source": "default", "gate_up": default, "down": default, "total_us": None, "gate_up_us": 9.0,
-            "down_us": None} in choice.candidates
-    assert {"source": TUNED, "gate_up": slow, "down": slow, "total_us": 5.0, "gate_up_us": 2.5,
-            "down_us": 2.5} in choice.candidates
+    assert {r.finalist.source for r in choice.candidates} == {TUNED, "shipped", "default"} and len(choice.candidates) == 6
+    rows = choice.to_dict()["candidates"]
+    assert {"source": "default", "gate_up": default.to_entry(), "down": default.to_entry(), "total_us": None,
+            "gate_up_us": 9.0, "down_us": None} in rows
+    assert {"source": TUNED, "gate_up": slow.to_entry(), "down": slow.to_entry(), "total_us": 5.0, "gate_up_us": 2.5,
+            "down_us": 2.5} in rows
     assert select_problem(t, top=3, careful_repeats=21)[8].source == "shipped"    # that pair not among the top 3
     assert all(task.repeats == 21 and task.tag == "select" for task in t.tasks)
     assert set(t.asked_writable) == {("gate_up", t.device), ("down", t.device)}
@@ -198,7 +203,7 @@ def test_a_baseline_is_a_finalist_only_where_it_may_be_written(use_shipped, unwr
                   baselines={8: {n: {"gate_up": c, "down": c} for n, c in names.items()}}, use_shipped=use_shipped,
                   unwritable_keys=tuple(config_key(names[n]) for n in unwritable))
     (choice,) = select_problem(t, top=3, careful_repeats=5).values()
-    assert {r["source"] for r in choice.candidates} == sources
+    assert {r.finalist.source for r in choice.candidates} == sources
     assert choice.source == ("shipped" if "shipped" in sources else "default")
 
 
@@ -216,7 +221,7 @@ def test_an_m_where_no_finalist_ran_correctly_has_no_choice_and_the_next_m_still
 # --- the backend choice (autotune.search.sieve.BackendTuner), its tuner's storage and workers left out ----------
 
 def layer(backend: str, tactic, M: int, us: float | None, status: str = records.OK, spread: float = 0.0):
-    c = {"backend": backend} if tactic is None else {"backend": backend, "tactic": tactic}
+    c = KernelConfig.from_entry({"backend": backend} if tactic is None else {"backend": backend, "tactic": tactic})
     return Measurement("p", "layer", M, c, status, time_us=us if status == records.OK else None, spread=spread)
 
 
@@ -261,7 +266,7 @@ def test_a_backend_wrong_at_any_m_is_out_at_every_m_and_a_bad_tactic_alone():
 
 
 def test_the_backend_choice_re_measures_the_top_correct_and_auto_and_the_fastest_wins():
-    cfg = lambda b, tac=-1: {"backend": b, "tactic": tac}          # noqa: E731
+    cfg = lambda b, tac=-1: KernelConfig.from_entry({"backend": b, "tactic": tac})          # noqa: E731
     search = [layer("fast", -1, 8, 1.0), layer("slow", -1, 8, 3.0), layer("slow", 2, 8, 2.0),
               layer("auto_b", -1, 8, 4.0), layer("bad", -1, 8, 0.5), layer("bad", -1, 1, None, records.WRONG_RESULT),
               layer("fast", 7, 8, 0.1), layer("fast", 7, 1, None, records.CRASH)]
@@ -274,7 +279,7 @@ def test_the_backend_choice_re_measures_the_top_correct_and_auto_and_the_fastest
         cfg("fast"), cfg("slow", 2), cfg("slow"), cfg("auto_b")))
     c8 = choices[8]
     assert c8.config == cfg("slow") and c8.time_us == 2.0 and c8.auto_us == 3.0
-    assert {config_key(r["config"]): r["time_us"] for r in c8.candidates} == careful
+    assert {r.finalist.configs["layer"].key: r.total_us for r in c8.candidates} == careful
     assert choices[1].config == cfg("auto_b")      # nothing correct at M=1 in the search: auto alone, re-measured
     top2 = backend_tuner(search, careful, top=2)
     assert top2.select()[8].config == cfg("slow", 2)        # slow's -1 was third by search time
@@ -287,7 +292,7 @@ def test_the_backend_choice_re_measures_the_top_correct_and_auto_and_the_fastest
 
 
 def test_a_tactic_is_chosen_per_backend_only_where_it_beats_its_default_beyond_the_noise():
-    cfg = lambda tac: {"backend": "fast", "tactic": tac}           # noqa: E731
+    cfg = lambda tac: KernelConfig.from_entry({"backend": "fast", "tactic": tac})           # noqa: E731
     search = [layer("fast", -1, M, 10.0) for M in (1, 8)] + [layer("fast", t, M, 9.0) for t in (3, 4) for M in (1, 8)]
     search.append(layer("fast", 4, 1, None, records.WRONG_RESULT))     # tactic 4 wrong at M=1: out everywhere
     search = [m for m in search if not (m.config.get("tactic") == 4 and m.M == 1 and m.ok)]
@@ -302,7 +307,7 @@ def test_a_tactic_is_chosen_per_backend_only_where_it_beats_its_default_beyond_t
 
 
 def test_a_tactic_is_judged_against_the_default_timed_beside_it_and_only_where_the_default_ran():
-    cfg = lambda tac: {"backend": "fast", "tactic": tac}           # noqa: E731
+    cfg = lambda tac: KernelConfig.from_entry({"backend": "fast", "tactic": tac})           # noqa: E731
     search = [layer("fast", -1, M, 10.0) for M in (1, 8)] + [layer("fast", None, 16, 10.0)]
     search += [layer("fast", 3, M, 8.0) for M in (1, 8, 16, 32)] + [layer("fast", 4, M, 9.0) for M in (1, 8, 16, 32)]
     careful = {(config_key(cfg(-1)), 1): None, (config_key(cfg(-1)), 8): 10.0,      # -1 failed its re-measurement at M=1
@@ -315,7 +320,7 @@ def test_a_tactic_is_judged_against_the_default_timed_beside_it_and_only_where_t
     assert list(out) == [8]
     c = out[8]
     assert (c.M, c.config, c.time_us, c.baseline_us) == (8, cfg(4), 9.0, {"default": 10.0})
-    assert {config_key(r["config"]) for r in c.candidates} == {config_key(cfg(tac)) for tac in (-1, 3, 4)}
+    assert {r.finalist.configs["layer"] for r in c.candidates} == {cfg(tac) for tac in (-1, 3, 4)}
     one = backend_tuner(search, careful, tunable=("fast",), top=1)      # the one finalist: 3, fastest by search
     assert one.tactic_choices()["fast"][8].config == cfg(-1)
     assert (8, config_key(cfg(4))) not in one.asked

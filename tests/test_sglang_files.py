@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.gpus.device import DeviceInfo
 from autotune.families.triton_moe.export import export_problem
 from autotune.folder.tuned import TunedFolder
@@ -23,7 +24,8 @@ def _tuned(out, device) -> TunedFolder:
 
 
 def _choice(M, up, down, t=10.0):
-    return Choice.pair(M, (up, down), (t / 2, t / 2), "tuned", {"default": 2 * t, "shipped": None})
+    return Choice.pair(M, (KernelConfig.from_entry(up), KernelConfig.from_entry(down)), (t / 2, t / 2), "tuned",
+                       {"default": 2 * t, "shipped": None})
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def test_baselines_are_sglangs_default_and_shipped_files(h200, rtx):
     p = Problem(512, 128, 4096, 10, "bf16")
     b = fam.baselines(p, 8, h200)
     # SGLang's bf16 default for M <= E, and its shipped H200 file (found through its Triton fallback)
-    assert b["default"]["gate_up"] == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    assert b["default"]["gate_up"].to_entry() == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
     assert "shipped" in b and b["shipped"]["gate_up"] != b["default"]["gate_up"]
     # No file ships for this shape on the RTX PRO 6000: the default is what users get there
     assert "shipped" not in fam.baselines(p, 8, rtx)
@@ -166,7 +168,7 @@ def test_provenance_holds_each_ms_re_measured_times_as_written(tmp_path, rtx):
     from autotune.fileio.writing import sha256
 
     p = Problem(512, 128, 4096, 10, "bf16", batch_sizes=(8,))
-    c = Choice.pair(8, (UP, DOWN), (4.12345, 6.00049), "shipped", {"default": 12.34567, "shipped": None})
+    c = Choice.pair(8, (KernelConfig.from_entry(UP), KernelConfig.from_entry(DOWN)), (4.12345, 6.00049), "shipped", {"default": 12.34567, "shipped": None})
     summary = export_problem(_tuned(tmp_path, rtx), p, {8: c}, {"per_M": {8: {"trials": 40}}, "budget": "400s"})
     up, down, entry = _files(tmp_path, rtx, p)
     folder = _tuned(tmp_path, rtx).config_dir()

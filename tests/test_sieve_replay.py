@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.cli import main
 from autotune.problems.models import PRESETS, Problem, dense_gemms
 from autotune.measure.records import Cache, Measurement, write_cache
@@ -29,7 +30,7 @@ GEMM = {"cudnn": lambda M: 9 + 0.01 * M, "cutlass": lambda M: 10 + 0.01 * M, "b1
 def _add(cache, key, outcomes):
     for b, what in outcomes.items():
         for M in MS:
-            cfg = {"backend": b, "tactic": -1}
+            cfg = KernelConfig.from_entry({"backend": b, "tactic": -1})
             if callable(what):
                 cache.add(Measurement(key, "layer", M, cfg, "ok", time_us=what(M), spread=0.01, error=0.05, bench_s=0.01))
             else:

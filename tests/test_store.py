@@ -7,7 +7,8 @@ import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from autotune.search.finalists import Choice
+from autotune.contract.config import KernelConfig
+from autotune.search.finalists import Choice, Finalist, Scored
 from autotune.search.policy import PolicySampler
 from autotune.measure.records import OK, Measurement, config_key
 from autotune.store.storage import Store
@@ -66,7 +67,7 @@ def test_a_queued_trial_beats_the_policy(tmp_path):
 
 
 def _m(M, backend, us):
-    return Measurement("p", "layer", M, {"backend": backend, "tactic": -1}, OK, time_us=us)
+    return Measurement("p", "layer", M, KernelConfig.from_entry({"backend": backend, "tactic": -1}), OK, time_us=us)
 
 
 def test_the_store_reads_back_what_was_committed_and_requeues_an_interrupted_ask(tmp_path):
@@ -100,13 +101,17 @@ def test_the_store_reads_back_what_was_committed_and_requeues_an_interrupted_ask
 def test_one_choice_keeps_each_familys_file_shape():
     """Triton pairs and backend layers are one Choice; each writes the keys its files always had
     (provenance, backend_choice.json) and reads back equal."""
-    pair = Choice.pair(8, ({"BLOCK_SIZE_M": 16}, {"BLOCK_SIZE_M": 16}), (3.0, 1.5), "shipped", {"default": 5.0}, [{"x": 1}])
+    bm16 = KernelConfig.from_entry({"BLOCK_SIZE_M": 16})
+    pair = Choice.pair(8, (bm16, bm16), (3.0, 1.5), "shipped", {"default": 5.0},
+                       [Scored(Finalist("default", {"gate_up": bm16, "down": bm16}), {"gate_up": 2.0, "down": None})])
     d = pair.to_dict()
     assert list(d) == ["M", "gate_up", "down", "gate_up_us", "down_us", "source", "baseline_us", "candidates",
                        "total_us"]
     assert d["total_us"] == 4.5 and Choice.from_dict(d) == pair
-    layer = Choice.layer(8, {"backend": "b", "tactic": 2}, 1.0, 1.25, [{"config": {}, "time_us": 1.0}])
+    b2 = KernelConfig.from_entry({"backend": "b", "tactic": 2})
+    layer = Choice.layer(8, b2, 1.0, 1.25, [Scored(Finalist("tuned", {"layer": b2}), {"layer": 1.0})])
     d = layer.to_dict()
     assert d == {"M": 8, "config": {"backend": "b", "tactic": 2}, "time_us": 1.0, "auto_us": 1.25,
-                 "candidates": [{"config": {}, "time_us": 1.0}]}
+                 "candidates": [{"config": {"backend": "b", "tactic": 2}, "time_us": 1.0}]}
+    assert d["candidates"][0]["config"] is not d["config"]
     assert Choice.from_dict(d) == layer and layer.auto_us == 1.25

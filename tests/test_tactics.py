@@ -7,6 +7,7 @@ import json
 import optuna
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.search.context import SearchContext
 from autotune.run.sinks import Summary
 from autotune.search.sieve import BackendTuner, tactic_id
@@ -190,7 +191,7 @@ def test_with_no_tactic_over_its_default_the_run_says_so_and_writes_no_cache(tun
     from autotune.search.sieve import Choice
 
     fam, tuner, _, _ = tuned
-    kept = {b: {M: Choice.layer(M, {"backend": b, "tactic": -1}, c.auto_us, c.auto_us) for M, c in per_m.items()}
+    kept = {b: {M: Choice.layer(M, KernelConfig.from_entry({"backend": b, "tactic": -1}), c.auto_us, c.auto_us) for M, c in per_m.items()}
             for b, per_m in tuner.pinned.items()}
     device = DeviceInfo("NVIDIA H200", 90, 232448, kind="gpu", versions={"torch": "2.11"})
     backend_choice.write_tactic_files(TunedFolder.under(tmp_path, device), fam, [tuner],

@@ -4,6 +4,7 @@ is pinned over FlashInfer's default only when it wins by more than the noise, si
 not carry to a fresh process."""
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.measure import timing
 from autotune.search.sieve import pins_over_default
 from autotune.measure.timing import Timing
@@ -11,7 +12,7 @@ from autotune.measure.records import OK, Measurement
 
 
 def timed(tactic, us, spread=0.005, status=OK):
-    return Measurement("p", "layer", 8, {"backend": "flashinfer_cublas", "tactic": tactic}, status,
+    return Measurement("p", "layer", 8, KernelConfig.from_entry({"backend": "flashinfer_cublas", "tactic": tactic}), status,
                        time_us=us, spread=spread)
 
 
@@ -101,8 +102,8 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
     measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
 
     def beside(baseline):
-        task = Task(problem.to_dict(), problem.key, "layer", {"backend": "tunable", "tactic": 0}, [2],
-                    family=fam.spec, versus={"backend": "tunable", "tactic": baseline})
+        task = Task(problem.to_dict(), problem.key, "layer", KernelConfig.from_entry({"backend": "tunable", "tactic": 0}), [2],
+                    family=fam.spec, versus=KernelConfig.from_entry({"backend": "tunable", "tactic": baseline}))
         m, fatal = measurer.measure(task, problem, 2)
         assert m.ok and not fatal
         return m
@@ -137,7 +138,7 @@ def test_the_pin_rule_weighs_both_sides_noise_and_a_gain_of_exactly_the_noise_is
     assert not pins_over_default(timed(3, 100.0, spread=0.0), timed(-1, 101.0, spread=0.0))
     assert not pins_over_default(paired(100.0, 101.0, 0.0, spread=0.0), timed(-1, 200.0))
     # a config that names no tactic runs the backend's default: never a pin over itself
-    no_tactic = Measurement("p", "layer", 8, {"backend": "flashinfer_cublas"}, OK, time_us=1.0, spread=0.0)
+    no_tactic = Measurement("p", "layer", 8, KernelConfig.from_entry({"backend": "flashinfer_cublas"}), OK, time_us=1.0, spread=0.0)
     assert not pins_over_default(no_tactic, timed(-1, 20.0))
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.measure import records
 from autotune.measure.measurer import classify
 from autotune.problems.models import Problem
@@ -19,10 +20,10 @@ def results():
     settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
     modes = ["ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal"]
     with WorkerPool(settings, n_workers=3, timeout_s=6) as pool:
-        tasks = [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": m}, [1, 2]) for m in modes]
+        tasks = [Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": m}), [1, 2]) for m in modes]
         out = run_all(pool, tasks)
         # the pool still measures after crashes, hangs and poisoned contexts
-        after = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "ok"}, [2])])
+        after = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": "ok"}), [2])])
         replaced = pool.replaced
     return out, after, replaced
 
@@ -79,7 +80,7 @@ def test_a_compile_failure_is_one_line_and_its_compiler_dump_goes_to_the_log(tmp
     log = tmp_path / "workers.log"
     settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1, log_path=str(log))
     with WorkerPool(settings, n_workers=1, timeout_s=30) as pool:
-        out = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "compile"}, [1])])
+        out = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", KernelConfig.from_entry({"mode": "compile"}), [1])])
     m = out["compile"][1]
     assert m.status == records.COMPILE_ERROR and "\n" not in m.reason
     assert "unsupported layout (at 12:4)" in m.reason and "worker log" in m.reason

@@ -21,6 +21,8 @@ SGLang version installed where it will be served.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import re
 from dataclasses import dataclass
 
@@ -41,8 +43,8 @@ class Release:
     down_tma_needs_descriptors: bool   # down USE_TMA reaches the kernel where TMA is unsupported
     source: str           # where the behaviour is read from
 
-    def config_problem(self, config: dict, gemm: str, tma_capable: bool = True) -> str | None:
-        """Why this release cannot run `config` from the `gemm` file, or None."""
+    def config_problem(self, config: Mapping, gemm: str, tma_capable: bool = True) -> str | None:
+        """Why this release cannot run `config` (a KernelConfig, or an entry of a file) from the `gemm` file, or None."""
         if not config.get("USE_TMA"):
             return None
         if gemm == "gate_up" and not self.up_tma:
@@ -117,7 +119,7 @@ def parse_targets(spec: str | None) -> tuple[str, ...]:
     return tuple(sorted(set(out), key=release_key))
 
 
-def config_problem(config: dict, gemm: str, targets, tma_capable: bool = True) -> str | None:
+def config_problem(config: Mapping, gemm: str, targets, tma_capable: bool = True) -> str | None:
     """The first target release that cannot run `config` from the `gemm` file, and why."""
     for v in targets:
         why = RELEASES[v].config_problem(config, gemm, tma_capable)

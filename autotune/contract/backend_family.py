@@ -10,11 +10,17 @@ Each concrete family supplies its problems' inputs, the float32 reference and th
 from __future__ import annotations
 
 from autotune.contract import capabilities as table
+from autotune.contract.config import KernelConfig
 from autotune.contract.registry import BACKENDS
 from autotune.gpus.device import DeviceInfo
 from autotune.contract.spaces import Space
 
 LAYER = "layer"   # these families have one "GEMM" per problem: the whole call
+
+
+def backend_config(backend: str, tactic=-1) -> KernelConfig:
+    """The config that runs `backend` with `tactic` (-1: as SGLang would)."""
+    return KernelConfig.from_entry({"backend": backend, "tactic": tactic})
 
 
 class BackendFamily:
@@ -50,7 +56,7 @@ class BackendFamily:
         names = tuple(a.backend.name for a in self.availability(device) if a.ok)
         return Space(self.name, {"backend": names, "tactic": (-1,)})
 
-    def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
+    def check(self, config: KernelConfig, problem, gemm: str, device: DeviceInfo) -> str | None:
         try:
             b = table.get(self.name, config["backend"])
         except KeyError as e:
@@ -72,12 +78,12 @@ class BackendFamily:
 
     def baselines(self, problem, M: int, device: DeviceInfo) -> dict:
         auto = self.sglang_auto(device)
-        return {"auto": {LAYER: {"backend": auto, "tactic": -1}}} if auto else {}
+        return {"auto": {LAYER: backend_config(auto)}} if auto else {}
 
     def tolerance(self, problem, on_cpu: bool = False) -> float:
         raise NotImplementedError
 
-    def compile(self, config: dict, inputs) -> None:
+    def compile(self, config: KernelConfig, inputs) -> None:
         """FlashInfer and SGLang JIT modules are built by `warmup` in the first worker."""
 
     def warmup(self, problems: list, on_cpu: bool = False) -> None:
@@ -108,13 +114,13 @@ class BackendFamily:
         return [a.backend.name for a in self.availability(device)
                 if a.ok and not a.expected and a.backend.declared]
 
-    def tactics(self, config: dict, inputs) -> list:
+    def tactics(self, config: KernelConfig, inputs) -> list:
         """The tactics the config's backend offers for these inputs (JSON form; -1 first)."""
         b = self.runner(config["backend"])
         return b.tactics(inputs) if b.tunable else [-1]
 
     # -- launch -----------------------------------------------------------------------------------
-    def run(self, config: dict, inputs, routing: int):
+    def run(self, config: KernelConfig, inputs, routing: int):
         return self.runner(config["backend"]).run(inputs, routing, config.get("tactic", -1))
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from autotune.gpus.device import DeviceInfo
+from autotune.contract.config import KernelConfig
 from autotune.contract.spaces import Space
 
 
@@ -35,25 +36,25 @@ class KernelFamily(Protocol):
     def space(self, problem, gemm: str, device: DeviceInfo) -> Space:
         """What may be tried for `gemm` of `problem` on `device`."""
 
-    def check(self, config: dict, problem, gemm: str, device: DeviceInfo) -> str | None:
+    def check(self, config: KernelConfig, problem, gemm: str, device: DeviceInfo) -> str | None:
         """Why `config` must not be launched (before any compile), or None."""
 
-    def baselines(self, problem, M: int, device: DeviceInfo) -> dict[str, dict[str, dict]]:
+    def baselines(self, problem, M: int, device: DeviceInfo) -> dict[str, dict[str, KernelConfig]]:
         """What SGLang runs untuned: {"default": {gemm: config}, "shipped": {...}}."""
 
     def make_inputs(self, problem, gemm: str, M: int, *, seed: int, skew: float, routings: int) -> Any:
         """The inputs of one GEMM at batch size M, `routings` routing sets, made on the device."""
 
-    def prepare(self, config: dict, inputs: Any) -> None:
+    def prepare(self, config: KernelConfig, inputs: Any) -> None:
         """Optional: GPU work `config` needs before `compile` (runs under the GPU lock)."""
 
-    def compile(self, config: dict, inputs: Any) -> Any:
+    def compile(self, config: KernelConfig, inputs: Any) -> Any:
         """Compile what `run` would launch, without launching (runs outside the GPU lock)."""
 
-    def run(self, config: dict, inputs: Any, routing: int) -> Any:
+    def run(self, config: KernelConfig, inputs: Any, routing: int) -> Any:
         """Launch once on routing set `routing`; returns the output tensor."""
 
-    def reference(self, inputs: Any, config: dict | None = None) -> Any:
+    def reference(self, inputs: Any, config: KernelConfig | None = None) -> Any:
         """Float32 reference of routing set 0's output (config: for families whose backends quantize
         differently)."""
 
@@ -82,7 +83,7 @@ class KernelFamily(Protocol):
     def compiling_for(self, sm: int):
         """Optional (compiles_apart): a context in which a process without a GPU compiles for an sm_XY one."""
 
-    def compile_apart(self, config: dict, problem, gemm: str, M: int) -> Any:
+    def compile_apart(self, config: KernelConfig, problem, gemm: str, M: int) -> Any:
         """Optional (compiles_apart): compile what `run` would launch at batch size M, from stand-in inputs."""
 
     def after_search_cost(self, problem, device: DeviceInfo, per_s: float, workers: int) -> float:
@@ -148,7 +149,7 @@ class ConfigFamily(KernelFamily, Protocol):
     config_switches: tuple[str, ...]    # the keys written only when on (autotune.contract.registry.key_order)
     sglang_versions: tuple[str, ...]    # the SGLang releases its files must run in
 
-    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
+    def unwritable(self, config: KernelConfig, gemm: str, device: DeviceInfo) -> str | None:
         """Why a measured `config` must not be written for the run's target SGLang releases, or None."""
 
     def select(self, tuner, top: int, careful_repeats: int) -> dict[int, Any]:
@@ -199,7 +200,7 @@ class BackendChoiceFamily(KernelFamily, Protocol):
     def sglang_value(self, backend: str) -> str | None:
         """The server-argument value selecting `backend` (None: SGLang cannot select it)."""
 
-    def tactics(self, config: dict, inputs) -> list:
+    def tactics(self, config: KernelConfig, inputs) -> list:
         """The tactics the config's backend offers for these inputs (JSON form; -1 first)."""
 
 

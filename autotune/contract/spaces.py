@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from autotune.contract.config import KernelConfig
 from autotune.gpus.catalog import arch_section
 from autotune.fileio.reading import parse_yaml, read_text
 
@@ -41,9 +42,9 @@ class Space:
     def configs(self):
         names = list(self.params)
         for combo in itertools.product(*(self.params[n] for n in names)):
-            yield dict(zip(names, combo))
+            yield KernelConfig.from_entry(dict(zip(names, combo)))
 
-    def indices_of(self, config: dict) -> dict | None:
+    def indices_of(self, config: KernelConfig) -> dict | None:
         """Ladder positions of a config, or None when it is not in this space."""
         if set(config) - set(self.params) and any(config.get(k) for k in set(config) - set(self.params)):
             return None
@@ -55,7 +56,12 @@ class Space:
             out[name] = ladder.index(value)
         return out
 
-    def config_at(self, indices: dict) -> dict:
+    def config_at(self, indices: dict) -> KernelConfig:
+        """The config at ladder positions `indices` (a study's trial's parameters)."""
+        return KernelConfig.from_entry(self.entry_at(indices))
+
+    def entry_at(self, indices: dict) -> dict:
+        """What a study's trial shows people reading it: every ladder's value at `indices`, in ladder order."""
         return {name: self.params[name][int(indices[name])] for name in self.params}
 
 

@@ -265,7 +265,7 @@ class Measurer:
         except BaseException as e:
             status, fatal = classify(e)
             return failed(status, failure_reason(stage, e), compile_s=compile_s), fatal
-        m = Measurement(pk, gemm, M, records.canonical(cfg), records.OK, "", t.median_us, t.spread, err,
+        m = Measurement(pk, gemm, M, cfg, records.OK, "", t.median_us, t.spread, err,
                         compile_s, t.bench_s, t.samples, versus_us=paired[0], versus_spread=paired[1])
         if task.tactics:
             try:

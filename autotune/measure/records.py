@@ -14,11 +14,11 @@ import io
 import json
 import re
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.fileio.reading import parse_json, require_regular
-from autotune.contract.config import canonical   # a config in its family's key order (records' configs are)
+from autotune.contract.config import KernelConfig, config_key  # noqa: F401  (config_key: the records' identity)
 
 OK = "ok"
 # Failure statuses. "invalid" is rejected before launch (costs nothing).
@@ -66,25 +66,12 @@ CACHE_KIND = "autotune-measurement-cache"
 CACHE_VERSION = 1
 
 
-def config_key(config: dict) -> str:
-    """The config as compact JSON in canonical order: the identity of a config in caches and studies."""
-    c = canonical(config)
-    # Triton configs (int and bool values, identifier keys) are most of every cache: written here
-    # exactly as json.dumps writes them, in a fraction of its time (replays key 30k+ records).
-    if all(type(v) is int or type(v) is bool for v in c.values()) and all(k.isidentifier() and k.isascii() for k in c):
-        return "{" + ",".join(f'"{k}":{_JSON_BOOL[v] if type(v) is bool else v}' for k, v in c.items()) + "}"
-    return json.dumps(c, separators=(",", ":"))
-
-
-_JSON_BOOL = {True: "true", False: "false"}
-
-
 @dataclass
 class Measurement:
     problem: str               # Problem.key
     gemm: str
     M: int
-    config: dict
+    config: KernelConfig       # a record's "config" entry, read as one (from_dict)
     status: str
     reason: str = ""
     time_us: float | None = None
@@ -104,7 +91,7 @@ class Measurement:
     def __post_init__(self):
         # Records come from files (recordings, --record caches): a wrong one is refused where it is made.
         if not (isinstance(self.problem, str) and isinstance(self.gemm, str) and type(self.M) is int and self.M > 0
-                and isinstance(self.config, dict) and self.status in STATUSES and isinstance(self.reason, str)):
+                and isinstance(self.config, KernelConfig) and self.status in STATUSES and isinstance(self.reason, str)):
             raise ValueError(f"not a measurement record (problem {self.problem!r:.40}, gemm {self.gemm!r:.20}, "
                              f"M {self.M!r:.20}, status {self.status!r:.20})")
         for name in ("time_us", "spread", "error", "versus_us", "versus_spread", "compile_s", "bench_s"):
@@ -130,20 +117,27 @@ class Measurement:
 
     @property
     def key(self) -> tuple:
-        return (self.problem, self.gemm, self.M, config_key(self.config))
+        return (self.problem, self.gemm, self.M, self.config.key)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["config"] = canonical(self.config)
+        """The record as a file holds it (a recording's line, a study's attribute)."""
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["config"], d["tactics"] = self.config.to_entry(), copy.deepcopy(self.tactics)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Measurement":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """A record a file holds (`to_dict`'s form); a config that is not a JSON object of values is refused."""
+        row = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        if "config" in row:
+            if not isinstance(row["config"], dict) or not all(isinstance(k, str) for k in row["config"]):
+                raise ValueError(f"a measurement record's config must be a JSON object, got {row['config']!r:.40}")
+            row["config"] = KernelConfig.from_entry(row["config"])
+        return cls(**row)
 
 
-def failure(problem: str, gemm: str, M: int, config: dict, status: str, reason: str, **kw) -> Measurement:
-    return Measurement(problem, gemm, M, canonical(config), status, reason[:500], **kw)
+def failure(problem: str, gemm: str, M: int, config: KernelConfig, status: str, reason: str, **kw) -> Measurement:
+    return Measurement(problem, gemm, M, config, status, reason[:500], **kw)
 
 
 @dataclass
@@ -164,8 +158,8 @@ class Cache:
         if old is None or m.ok or not old.ok:
             book[key] = m
 
-    def get(self, problem: str, gemm: str, M: int, config: dict, careful: bool = False) -> Measurement | None:
-        key = (problem, gemm, M, config_key(config))
+    def get(self, problem: str, gemm: str, M: int, config: KernelConfig, careful: bool = False) -> Measurement | None:
+        key = (problem, gemm, M, config.key)
         return (self.careful.get(key) if careful else None) or self.records.get(key)
 
     def copy(self) -> "Cache":
@@ -196,7 +190,7 @@ def write_cache(path: str | Path, cache: Cache) -> None:
         f.write(json.dumps({"kind": CACHE_KIND, "version": CACHE_VERSION, "device": cache.device,
                             "problems": cache.problems, "notes": cache.notes}) + "\n")
         for book, extra in ((cache.records, {}), (cache.careful, {"careful": True})):
-            for m in sorted(book.values(), key=lambda r: (r.problem, r.gemm, r.M, config_key(r.config))):
+            for m in sorted(book.values(), key=lambda r: (r.problem, r.gemm, r.M, r.config.key)):
                 f.write(json.dumps({**m.to_dict(), **extra}, separators=(",", ":")) + "\n")
         f.flush()
         gz.flush()

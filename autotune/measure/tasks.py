@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from autotune import stops
+from autotune.contract.config import KernelConfig
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Task:
     problem: dict                 # Problem.to_dict()
     problem_key: str
     gemm: str
-    config: dict
+    config: KernelConfig
     Ms: list
     repeats: int | None = None    # overrides Settings.repeats (careful re-measurements)
     family: str = ""              # kernel family; "" = Settings.family
@@ -44,7 +45,12 @@ class Task:
     tactics: bool = False         # also list the tactics the backend offers at each M
     # A config timed alternately beside this one in one hold of the GPU lock (measure.duel): a
     # tactic's careful re-measurement beside its backend's default, so the pin compares one state.
-    versus: dict | None = None
+    versus: KernelConfig | None = None
+
+    def __post_init__(self):
+        for name in ("config", "versus"):
+            if not isinstance(getattr(self, name), KernelConfig | None) or self.config is None:
+                raise TypeError(f"a task's {name} is a KernelConfig, got {type(getattr(self, name)).__name__}")
 
 
 def send(conn, task: Task, Ms: list | None = None) -> None:

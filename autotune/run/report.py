@@ -5,6 +5,7 @@ import json
 
 import pandas as pd
 
+from autotune.contract.config import KernelConfig
 from autotune.search.finalists import Choice
 
 
@@ -71,19 +72,18 @@ def tactic_table(tuner, pinned: dict) -> pd.DataFrame:
     """Per tunable backend and M: its default (-1) and its best tactic, both re-measured (with the
     best one's spread: (p75 - p25) / median over its timed replays)."""
     from autotune.contract.backend_family import LAYER
-    from autotune.measure.records import config_key
 
     rows = []
     for b, per_m in sorted(pinned.items()):
         for M, c in sorted(per_m.items()):
-            m = tuner.careful.get((LAYER, M, config_key(c.config)))
+            m = tuner.careful.get((LAYER, M, c.config.key))
             rows.append({"backend": b, "M": M, "-1 µs": c.auto_us, "tactic": json.dumps(c.config.get("tactic", -1)),
                          "tactic µs": c.time_us, "spread": m.spread if m is not None else None,
                          "speedup": (c.auto_us / c.time_us) if c.auto_us else None})
     return pd.DataFrame(rows)
 
 
-def backend_label(config: dict) -> str:
+def backend_label(config: KernelConfig) -> str:
     """A backend, with its tactic where it is not the default: `flashinfer_cudnn tactic [3, []]`."""
     tactic = config.get("tactic", -1)
     return config["backend"] if tactic == -1 else f"{config['backend']} tactic {json.dumps(tactic)}"

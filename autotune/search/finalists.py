@@ -9,11 +9,11 @@ Ties go to the baseline: equal speed is no reason to ship a change. Re-measureme
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from autotune.contract.backend_family import LAYER
-from autotune.measure.records import Measurement, config_key
+from autotune.contract.config import KernelConfig
+from autotune.measure.records import Measurement
 
 TUNED = "tuned"
 
@@ -21,7 +21,7 @@ TUNED = "tuned"
 @dataclass
 class Finalist:
     source: str
-    configs: dict            # gemm -> config
+    configs: dict[str, KernelConfig]       # gemm -> config
 
 
 @dataclass
@@ -43,9 +43,9 @@ def remeasure(finalists: dict[int, list[Finalist]], careful: dict, make_task, ru
     for M, cands in finalists.items():
         for f in cands:
             for gemm, cfg in f.configs.items():
-                if (gemm, M, config_key(cfg)) in careful:
+                if (gemm, M, cfg.key) in careful:
                     continue
-                Ms = wanted.setdefault((gemm, config_key(cfg)), (gemm, cfg, []))[2]
+                Ms = wanted.setdefault((gemm, cfg), (gemm, cfg, []))[2]
                 if M not in Ms:
                     Ms.append(M)
     tasks = [make_task(gemm, cfg, Ms) for gemm, cfg, Ms in wanted.values()]
@@ -58,7 +58,7 @@ def score(finalists: list[Finalist], M: int, careful: dict) -> list[Scored]:
     for f in finalists:
         times = {}
         for gemm, cfg in f.configs.items():
-            m: Measurement | None = careful.get((gemm, M, config_key(cfg)))
+            m: Measurement | None = careful.get((gemm, M, cfg.key))
             times[gemm] = m.time_us if m is not None and m.ok else None
         out.append(Scored(f, times))
     return out
@@ -77,21 +77,27 @@ class Choice:
     totals beside it and every finalist scored. Both families' files keep their own shape
     (`to_dict`), so what was written before reads back the same."""
     M: int
-    configs: dict                   # part -> config
+    configs: dict[str, KernelConfig]   # part -> config
     times: dict                     # part -> re-measured us
     source: str = TUNED             # "tuned", or the baseline that won ("default", "shipped", "auto")
     baseline_us: dict = field(default_factory=dict)   # baseline name -> re-measured total (None if it failed)
-    candidates: list = field(default_factory=list)    # the finalists, scored
+    candidates: list[Scored] = field(default_factory=list)    # the finalists, scored
+
+    def __post_init__(self):
+        if not all(isinstance(c, KernelConfig) for c in self.configs.values()) or not all(
+                isinstance(s, Scored) for s in self.candidates):
+            raise TypeError("a choice holds KernelConfig values and its candidates scored finalists "
+                            "(to_dict/from_dict are the files' form)")
 
     @classmethod
-    def pair(cls, M: int, configs: tuple[dict, dict], times: tuple[float, float], source: str = TUNED,
+    def pair(cls, M: int, configs: tuple[KernelConfig, KernelConfig], times: tuple[float, float], source: str = TUNED,
              baseline_us: dict | None = None, candidates: list | None = None) -> "Choice":
         """A Triton MoE pair: `configs` (gate_up, down) and their re-measured `times`, in that order."""
         return cls(M, dict(zip(("gate_up", "down"), configs)), dict(zip(("gate_up", "down"), times)), source,
                    dict(baseline_us or {}), list(candidates or []))
 
     @classmethod
-    def layer(cls, M: int, config: dict, time_us: float, base_us: float | None, candidates: list | None = None,
+    def layer(cls, M: int, config: KernelConfig, time_us: float, base_us: float | None, candidates: list | None = None,
               base: str = "auto") -> "Choice":
         """A backend (and tactic) for the whole layer, beside `base` (SGLang's auto, or the tactic -1)."""
         return cls(M, {LAYER: config}, {LAYER: time_us}, TUNED, {base: base_us}, list(candidates or []))
@@ -111,17 +117,35 @@ class Choice:
     auto_us = property(lambda self: next(iter(self.baseline_us.values()), None))
 
     def to_dict(self) -> dict:
+        """The choice as a file records it (its configs as entries, its candidates as rows)."""
         if set(self.configs) == {LAYER}:
-            return {"M": self.M, "config": copy.deepcopy(self.config), "time_us": self.time_us, "auto_us": self.auto_us,
-                    "candidates": copy.deepcopy(self.candidates)}
-        return {"M": self.M, "gate_up": copy.deepcopy(self.gate_up), "down": copy.deepcopy(self.down),
+            return {"M": self.M, "config": self.config.to_entry(), "time_us": self.time_us, "auto_us": self.auto_us,
+                    "candidates": [{"config": s.finalist.configs[LAYER].to_entry(), "time_us": s.total_us}
+                                   for s in self.candidates]}
+        return {"M": self.M, "gate_up": self.gate_up.to_entry(), "down": self.down.to_entry(),
                 "gate_up_us": self.gate_up_us, "down_us": self.down_us, "source": self.source,
-                "baseline_us": dict(self.baseline_us), "candidates": copy.deepcopy(self.candidates),
+                "baseline_us": dict(self.baseline_us), "candidates": [_pair_row(s) for s in self.candidates],
                 "total_us": self.total_us}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Choice":
+        """A choice `to_dict` wrote."""
+        entry = KernelConfig.from_entry
         if "config" in d:
-            return cls.layer(d["M"], d["config"], d["time_us"], d.get("auto_us"), d.get("candidates"))
-        return cls.pair(d["M"], (d["gate_up"], d["down"]), (d["gate_up_us"], d["down_us"]), d.get("source", TUNED),
-                        d.get("baseline_us"), d.get("candidates"))
+            return cls.layer(d["M"], entry(d["config"]), d["time_us"], d.get("auto_us"),
+                             [Scored(Finalist(TUNED, {LAYER: entry(r["config"])}), {LAYER: r["time_us"]})
+                              for r in d.get("candidates", [])])
+        return cls.pair(d["M"], (entry(d["gate_up"]), entry(d["down"])), (d["gate_up_us"], d["down_us"]),
+                        d.get("source", TUNED), d.get("baseline_us"),
+                        [Scored(Finalist(r["source"], {g: entry(r[g]) for g in PAIR}), {g: r[f"{g}_us"] for g in PAIR})
+                         for r in d.get("candidates", [])])
+
+
+PAIR = ("gate_up", "down")
+
+
+def _pair_row(s: Scored) -> dict:
+    """A scored pair as the files record it."""
+    f = s.finalist
+    return {"source": f.source, "gate_up": f.configs["gate_up"].to_entry(), "down": f.configs["down"].to_entry(),
+            "total_us": s.total_us, "gate_up_us": s.times["gate_up"], "down_us": s.times["down"]}

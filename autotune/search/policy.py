@@ -20,7 +20,7 @@ import random
 
 import optuna
 
-from autotune.measure.records import config_key
+from autotune.contract.config import KernelConfig
 from autotune.store.storage import ATTR
 
 FIXED = "fixed_params"     # Optuna's name for an ask's given parameters (Study.enqueue_trial)
@@ -117,12 +117,12 @@ class SearchPolicy:
                 return False
         return None
 
-    def fresh_config(self, slot) -> dict | None:
+    def fresh_config(self, slot) -> KernelConfig | None:
         """An unmeasured valid config: a one-step neighbour of a top config, else any."""
         t = self.tuner
         space = t.spaces[slot.gemm]
         seen = t.measured[slot.gemm, slot.M]
-        valid = lambda c: (config_key(c) not in seen and (slot.gemm, slot.M, config_key(c)) not in t.pending  # noqa: E731
+        valid = lambda c: (c.key not in seen and (slot.gemm, slot.M, c.key) not in t.pending  # noqa: E731
                            and t.family.check(c, t.problem, slot.gemm, t.device) is None)
         tops = sorted(t.ok_measurements(slot.gemm, slot.M), key=lambda m: m.time_us)[:3]
         near = []

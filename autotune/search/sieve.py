@@ -21,9 +21,10 @@ import optuna
 from autotune.measure import records
 from autotune.search.context import SearchContext
 from autotune.search.finalists import TUNED, Choice, Finalist, remeasure, score, winner
-from autotune.contract.backend_family import LAYER
+from autotune.contract.backend_family import LAYER, backend_config
+from autotune.contract.config import KernelConfig
 from autotune.measure.timing import noise
-from autotune.measure.records import Measurement, config_key
+from autotune.measure.records import Measurement
 from autotune.store.storage import Store, backend_study_name
 from autotune.search.server_choice import MIXES, ServerChoice, server_choice  # noqa: F401  (imported from here by the CLI, export)
 from autotune.measure.tasks import Task, run_tasks
@@ -69,20 +70,20 @@ class BackendTuner:
             self.store.open((LAYER, M), backend_study_name(family.name, ctx.study_device(), problem.key, M))
             self.store.sync((LAYER, M))
         self.studies = {M: self.store.studies[LAYER, M] for M in self.Ms}
-        self.measured = {M: self.store.measured[LAYER, M] for M in self.Ms}   # M -> config_key -> Measurement
-        self.careful = self.store.careful       # (LAYER, M, config_key) -> careful re-measurement
+        self.measured = {M: self.store.measured[LAYER, M] for M in self.Ms}   # M -> config.key -> Measurement
+        self.careful = self.store.careful       # (LAYER, M, config.key) -> careful re-measurement
         self.unavailable: dict = {}     # (M, config key) -> measurement that could not import its code
         self.measured_now = 0
 
     # -- measuring ---------------------------------------------------------------------------------
-    def configs(self) -> list[dict]:
-        return [{"backend": b, "tactic": -1} for b in self.names]
+    def configs(self) -> list[KernelConfig]:
+        return [backend_config(b) for b in self.names]
 
     def _tunable(self, backend: str) -> bool:
         runner = getattr(self.family, "runner", None)     # families without runner objects: no tactics
         return bool(runner is not None and getattr(runner(backend), "tunable", False))
 
-    def tactic_configs(self) -> dict[str, tuple[dict, list[int]]]:
+    def tactic_configs(self) -> dict[str, tuple[KernelConfig, list[int]]]:
         """config key -> (config, the Ms whose default run listed it) for every tactic other than
         -1 that a backend's runner offered (a tactic may be valid at some M buckets only)."""
         bad = self.disqualified()
@@ -94,11 +95,11 @@ class BackendTuner:
                     continue
                 for t in m.tactics:
                     if t != -1:
-                        cfg = {"backend": b, "tactic": t}
-                        out.setdefault(config_key(cfg), (cfg, []))[1].append(M)
+                        cfg = backend_config(b, t)
+                        out.setdefault(cfg.key, (cfg, []))[1].append(M)
         return out
 
-    def _task(self, config: dict, Ms: list[int], repeats=None, tactics: bool = False, versus=None) -> Task:
+    def _task(self, config: KernelConfig, Ms: list[int], repeats=None, tactics: bool = False, versus=None) -> Task:
         # Workers import the family by `spec` ("module:Class") where no package declares it.
         return Task(self.problem.to_dict(), self.problem.key, "layer", config, list(Ms), repeats=repeats,
                     family=getattr(self.family, "spec", self.family.name), tactics=tactics, versus=versus)
@@ -107,7 +108,7 @@ class BackendTuner:
         """The default of every backend (listing its tactics), then every tactic offered."""
         tasks = []
         for cfg in self.configs():
-            Ms = [M for M in self.Ms if config_key(cfg) not in self.measured[M]]
+            Ms = [M for M in self.Ms if cfg.key not in self.measured[M]]
             if Ms:
                 tasks.append(self._task(cfg, Ms, tactics=self._tunable(cfg["backend"])))
         self._run(tasks)
@@ -132,7 +133,7 @@ class BackendTuner:
         runner = getattr(self.family, "runner", None)
         return int(getattr(runner(backend), "tactic_axes", 0) or 0) if runner is not None else 0
 
-    def combined_tactics(self) -> dict[str, tuple[dict, list[int]]]:
+    def combined_tactics(self) -> dict[str, tuple[KernelConfig, list[int]]]:
         """config key -> (config, Ms): for a backend whose tactics have independent parts, per M the
         fastest correct one-part tactic of each part, together (a part with none stays -1)."""
         bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
@@ -141,7 +142,7 @@ class BackendTuner:
             best: dict = {}       # (backend, part) -> (time, value)
             for m in self.measured[M].values():
                 b, t = m.config["backend"], m.config.get("tactic", -1)
-                if (not m.ok or b in bad or config_key(m.config) in bad_tactics or not isinstance(t, list)
+                if (not m.ok or b in bad or m.config.key in bad_tactics or not isinstance(t, list)
                         or len(t) != self._axes(b)):
                     continue
                 varied = [i for i, v in enumerate(t) if v != -1]
@@ -150,8 +151,8 @@ class BackendTuner:
             for b in sorted({b for b, _ in best}):
                 parts = [best[b, i][1] if (b, i) in best else -1 for i in range(self._axes(b))]
                 if sum(v != -1 for v in parts) >= 2:          # one part alone was measured already
-                    cfg = {"backend": b, "tactic": parts}
-                    out.setdefault(config_key(cfg), (cfg, []))[1].append(M)
+                    cfg = backend_config(b, parts)
+                    out.setdefault(cfg.key, (cfg, []))[1].append(M)
         return out
 
     def _run(self, tasks: list) -> None:
@@ -187,7 +188,7 @@ class BackendTuner:
         out: dict = {}
         for m in self._failures():
             if m.config.get("tactic", -1) != -1:
-                out.setdefault(config_key(m.config), m)
+                out.setdefault(m.config.key, m)
         return out
 
     # -- selection -------------------------------------------------------------------------------------
@@ -196,13 +197,13 @@ class BackendTuner:
         (autotune.search.finalists, the selection step the Triton configs go through too)."""
         bad, bad_tactics = self.disqualified(), self.disqualified_tactics()
         auto = self.family.sglang_auto(self.device)
-        auto_cfg = {"backend": auto, "tactic": -1}
+        auto_cfg = backend_config(auto)
         plan: dict = {}
         for M in self.Ms:
             oks = sorted((m for m in self.measured[M].values() if m.ok and m.config["backend"] not in bad
-                          and config_key(m.config) not in bad_tactics), key=lambda m: m.time_us)
+                          and m.config.key not in bad_tactics), key=lambda m: m.time_us)
             cands = [Finalist(TUNED, {LAYER: m.config}) for m in oks[: self.top] if m.config != auto_cfg]
-            if (auto in self.names and auto not in bad and (M, config_key(auto_cfg)) not in self.unavailable):
+            if (auto in self.names and auto not in bad and (M, auto_cfg.key) not in self.unavailable):
                 cands.append(Finalist("auto", {LAYER: auto_cfg}))
             plan[M] = cands
 
@@ -221,12 +222,12 @@ class BackendTuner:
         for b in self.names:
             if b in bad or not self._tunable(b):
                 continue
-            default = {"backend": b, "tactic": -1}
+            default = backend_config(b)
             for M in self.Ms:
-                d = self.measured[M].get(config_key(default))
+                d = self.measured[M].get(default.key)
                 tactics = sorted((m for m in self.measured[M].values()
                                   if m.ok and m.config["backend"] == b and m.config.get("tactic", -1) != -1
-                                  and config_key(m.config) not in bad_tactics), key=lambda m: m.time_us)
+                                  and m.config.key not in bad_tactics), key=lambda m: m.time_us)
                 if d is not None and d.ok and tactics:
                     plans.setdefault(b, {})[M] = [Finalist("default", {LAYER: default})] + [
                         Finalist(TUNED, {LAYER: m.config}) for m in tactics[: self.top]]
@@ -237,15 +238,15 @@ class BackendTuner:
         self._remeasure(together)
         out = {}
         for b, plan in plans.items():
-            default = {"backend": b, "tactic": -1}
+            default = backend_config(b)
             out[b] = {}
             for M, c in self._choose(plan, default).items():
-                d = self.careful.get((LAYER, M, config_key(default)))
+                d = self.careful.get((LAYER, M, default.key))
                 if d is None or not d.ok:
                     continue
                 # The tactic furthest below the default it was timed beside (its time if unpaired).
                 timed = [m for f in plan[M] if f.source == TUNED
-                         and (m := self.careful.get((LAYER, M, config_key(f.configs[LAYER])))) is not None and m.ok]
+                         and (m := self.careful.get((LAYER, M, f.configs[LAYER].key))) is not None and m.ok]
                 best = min(timed, key=lambda m: m.time_us / (m.versus_us or d.time_us), default=None)
                 out[b][M] = (Choice.layer(M, best.config, best.time_us, best.versus_us or d.time_us, c.candidates, "default")
                              if pins_over_default(best, d) else
@@ -259,12 +260,12 @@ class BackendTuner:
                 return
             self.store.commit_careful((LAYER, m.M), m)
         def task(gemm, cfg, Ms):     # a tactic is re-timed beside its backend's default (measure.duel)
-            versus = None if cfg.get("tactic", -1) == -1 else {"backend": cfg["backend"], "tactic": -1}
+            versus = None if cfg.get("tactic", -1) == -1 else backend_config(cfg["backend"])
             return self._task(cfg, Ms, repeats=self.careful_repeats, versus=versus)
         remeasure(plan, self.careful, task,
                   lambda tasks, done: run_tasks(self.pool, tasks, done), store)
 
-    def _choose(self, plan: dict, baseline_cfg: dict) -> dict[int, Choice]:
+    def _choose(self, plan: dict, baseline_cfg: KernelConfig) -> dict[int, Choice]:
         """Per M the fastest re-measured finalist, with the baseline's (auto's, or -1's) time beside it."""
         choices = {}
         for M, cands in plan.items():
@@ -272,17 +273,17 @@ class BackendTuner:
             win = winner(scored)
             if win is None:
                 continue
-            base = self.careful.get((LAYER, M, config_key(baseline_cfg)))
+            base = self.careful.get((LAYER, M, baseline_cfg.key))
             choices[M] = Choice.layer(M, win.finalist.configs[LAYER], win.total_us,
                                 base.time_us if base and base.ok else None,
-                                [{"config": s.finalist.configs[LAYER], "time_us": s.total_us} for s in scored])
+                                scored)
         return choices
 
     def _set_aside(self, m: Measurement) -> bool:
         """A launch that could not import its code is kept out of the study (a re-run retries it)."""
         if m.status != records.UNAVAILABLE:
             return False
-        self.unavailable[m.M, config_key(m.config)] = m
+        self.unavailable[m.M, m.config.key] = m
         return True
 
     def unavailable_backends(self) -> dict[str, Measurement]:
@@ -296,7 +297,7 @@ class BackendTuner:
         """backend -> why it has no time on this machine or cache, though the table allows it."""
         out = {}
         for b in self.names:
-            ms = [self.measured[M].get(config_key({"backend": b, "tactic": -1})) for M in self.Ms]
+            ms = [self.measured[M].get(backend_config(b).key) for M in self.Ms]
             if all(m is not None and m.status == records.NOT_RECORDED for m in ms):
                 out[b] = "not in the replay cache"
         for b, m in self.unavailable_backends().items():
@@ -304,8 +305,8 @@ class BackendTuner:
         return out
 
     def _default_of(self, backend: str, M: int) -> Measurement | None:
-        cfg = {"backend": backend, "tactic": -1}
-        m = self.careful.get((LAYER, M, config_key(cfg))) or self.measured[M].get(config_key(cfg))
+        cfg = backend_config(backend)
+        m = self.careful.get((LAYER, M, cfg.key)) or self.measured[M].get(cfg.key)
         return m if m is not None and m.ok else None
 
     def time_of(self, backend: str, M: int) -> float | None:

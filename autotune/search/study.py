@@ -30,7 +30,8 @@ import optuna
 from autotune.measure import records
 from autotune import stops
 from autotune.errors import GpuMemoryExhausted
-from autotune.measure.records import Measurement, config_key
+from autotune.contract.config import KernelConfig
+from autotune.measure.records import Measurement
 from autotune.search.policy import SearchPolicy, trailing_duplicates
 from autotune.store.storage import ATTR, Store, config_study_name, fail_reason
 from autotune.measure.tasks import Task, run_tasks
@@ -131,7 +132,7 @@ class ProblemTuner:
         self.measured_now += 1
         self.store.commit_careful((gemm, m.M), m)
 
-    def known(self, gemm: str, M: int, config: dict) -> Measurement | None:
+    def known(self, gemm: str, M: int, config: KernelConfig) -> Measurement | None:
         return self.store.known((gemm, M), config)
 
     def ok_measurements(self, gemm: str, M: int) -> list[Measurement]:
@@ -148,9 +149,9 @@ class ProblemTuner:
     def run_tasks(self, tasks: list[Task], on_result) -> None:
         run_tasks(self.pool, tasks, on_result)
 
-    def task(self, gemm: str, config: dict, Ms: list[int], tag=None, repeats=None) -> Task:
+    def task(self, gemm: str, config: KernelConfig, Ms: list[int], tag=None, repeats=None) -> Task:
         # Workers build the family by name, or by `spec` ("module:Class") where no package declares it.
-        return Task(self.problem.to_dict(), self.problem.key, gemm, records.canonical(config), list(Ms),
+        return Task(self.problem.to_dict(), self.problem.key, gemm, config, list(Ms),
                     repeats=repeats, tag=tag, family=getattr(self.family, "spec", self.family.name))
 
     # -- baselines --------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ class ProblemTuner:
                     continue
                 for gemm, cfg in per_gemm.items():
                     if self.known(gemm, M, cfg) is None:
-                        todo.setdefault((gemm, config_key(cfg)), (cfg, []))[1].append((M, name))
+                        todo.setdefault((gemm, cfg), (cfg, []))[1].append((M, name))
         tasks = [self.task(g, cfg, [M for M, _ in uses], tag=("baseline", uses)) for (g, _), (cfg, uses) in todo.items()]
 
         def done(task, ms):
@@ -222,9 +223,9 @@ class ProblemTuner:
                     continue
                 trial, config = asked
                 Ms = [slot.M] + [M for M in self._neighbours(slot.M) if self.known(slot.gemm, M, config) is None
-                                 and (slot.gemm, M, config_key(config)) not in self.pending]
+                                 and (slot.gemm, M, config.key) not in self.pending]
                 for M in Ms:
-                    self.pending.add((slot.gemm, M, config_key(config)))
+                    self.pending.add((slot.gemm, M, config.key))
                 slot.inflight += 1
                 self.store.measuring((slot.gemm, slot.M), trial)
                 self.pool.submit(self.task(slot.gemm, config, Ms, tag=("trial", slot, trial)))
@@ -327,7 +328,7 @@ class ProblemTuner:
             slot.asks += 1
             trial = study.ask(dists)
             config = space.config_at(trial.params)
-            trial.set_user_attr("config", config)     # tile sizes, for people reading the study
+            trial.set_user_attr("config", space.entry_at(trial.params))     # tile sizes, for people reading the study
             reason = self.family.check(config, self.problem, slot.gemm, self.device)
             if reason:
                 m = records.failure(self.problem.key, slot.gemm, slot.M, config, records.INVALID, reason)
@@ -339,7 +340,7 @@ class ProblemTuner:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 slot.exhausted = True
                 return None
-            ck = config_key(config)
+            ck = config.key
             known = self.measured[slot.gemm, slot.M].get(ck)
             if known is not None or (slot.gemm, slot.M, ck) in self.pending:
                 # Re-proposed: answer from what is known at no device cost.
@@ -362,7 +363,7 @@ class ProblemTuner:
         # Neighbours first, the asked trial last: a process killed in between re-asks the same
         # config on resume and finds the neighbour measurements already there.
         for m in sorted(ms, key=lambda m: m.M == slot.M):
-            self.pending.discard((task.gemm, m.M, config_key(task.config)))
+            self.pending.discard((task.gemm, m.M, task.config.key))
             self.measured_now += 1
             if not m.ok:
                 self.failed += 1
@@ -384,7 +385,7 @@ class ProblemTuner:
 
     def _add(self, slot: Slot, m: Measurement, attrs: dict) -> None:
         idx = self.spaces[slot.gemm].indices_of(m.config)
-        self.store.commit((slot.gemm, slot.M), m, idx, {"config": self.spaces[slot.gemm].config_at(idx),
+        self.store.commit((slot.gemm, slot.M), m, idx, {"config": self.spaces[slot.gemm].entry_at(idx),
                                                       "shared_from": attrs.get("shared_from", slot.M), **attrs})
 
     def complete(self) -> bool:

@@ -13,7 +13,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from autotune.measure.records import Measurement, config_key
+from autotune.contract.config import KernelConfig
+from autotune.measure.records import Measurement
 
 _KEY = re.compile(r"E=(\d+),N=(\d+),K=(\d+),topk=(\d+),(\w+)")
 
@@ -31,7 +32,7 @@ class WarmStart:
         problems = sorted({m.problem for m in self.measurements})
         return f"{self.source}: {len(self.measurements)} measurements of {len(problems)} problem(s)"
 
-    def configs(self, problem, gemm: str, M: int, top: int = 3) -> list[dict]:
+    def configs(self, problem, gemm: str, M: int, top: int = 3) -> list[KernelConfig]:
         """The source's `top` fastest configs for this GEMM at the M nearest to `M`, from the
         problem closest to `problem`."""
         mine = [m for m in self.measurements if m.gemm == gemm]
@@ -42,15 +43,15 @@ class WarmStart:
         near_M = min({m.M for m in at}, key=lambda x: (abs(math.log(x) - math.log(M)), x))
         out, seen = [], set()
         for m in sorted((m for m in at if m.M == near_M), key=lambda m: m.time_us):
-            if config_key(m.config) not in seen:
-                seen.add(config_key(m.config))
-                out.append(dict(m.config))
+            if m.config not in seen:
+                seen.add(m.config)
+                out.append(m.config)
             if len(out) == top:
                 break
         return out
 
 
-def fit(config: dict, space) -> dict | None:
+def fit(config: KernelConfig, space) -> KernelConfig | None:
     """A source config as the target space writes it: itself where the space holds it, else its
     tiles without the features the target has no ladder for (USE_TMA where TMA is unavailable)."""
     idx = space.indices_of(config) or space.indices_of({k: v for k, v in config.items() if k in space.params})

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import optuna
 
-from autotune.measure.records import INVALID, Measurement, config_key, is_resource_failure
+from autotune.contract.config import KernelConfig
+from autotune.measure.records import INVALID, Measurement, is_resource_failure
 from autotune.store.storage_url import safe_url, scrub, sqlite_journal
 
 # Optuna's INFO lines ("A new study created in RDB ...") are not the run's to print: quiet from the
@@ -271,8 +272,8 @@ class Store:
         url = getattr(storage, "url", None)
         self.read_only = bool(url and target(str(url)).read_only)
         self.studies: dict = {}
-        self.measured: dict = {key: {} for key in dists}   # (part, M) -> config_key -> Measurement
-        self.careful: dict = {}      # (part, M, config_key) -> careful re-measurement (selection)
+        self.measured: dict = {key: {} for key in dists}   # (part, M) -> config.key -> Measurement
+        self.careful: dict = {}      # (part, M, config.key) -> careful re-measurement (selection)
         self.indexed: dict = {key: set() for key in dists}  # trial numbers already read
         self.running: dict = {}      # trial_id -> study: ours, given heartbeats while measured
         self._adopted: set = set()   # other processes' trial ids given a heartbeat (see adopt)
@@ -322,18 +323,18 @@ class Store:
                 if not self.read_only:          # healed by the next command that may write
                     self._heal(study, t)
                 continue
-            self.measured[key].setdefault(config_key(m.config), m)
+            self.measured[key].setdefault(m.config.key, m)
             if t.user_attrs.get("asked") and m.status != INVALID:
                 newly_asked += 1
         for name, value in study.user_attrs.items():
             if name.startswith("baseline:"):
                 m = Measurement.from_dict(value)
                 if not is_resource_failure(m):      # else measured again (autotune.search.study's baselines)
-                    self.measured[key].setdefault(config_key(m.config), m)
+                    self.measured[key].setdefault(m.config.key, m)
             elif name.startswith("careful:"):
                 m = Measurement.from_dict(value)
                 if not is_resource_failure(m):      # else re-measured by the selection
-                    self.careful.setdefault((*key, config_key(m.config)), m)
+                    self.careful.setdefault((*key, m.config.key), m)
         return trials, requeued, newly_asked
 
     @staticmethod
@@ -345,8 +346,8 @@ class Store:
             study.set_user_attr(mark, "a resource failure (GPU memory or device), measured again")
             study.enqueue_trial(t.params, skip_if_exists=False)
 
-    def known(self, key, config: dict):
-        return self.measured[key].get(config_key(config))
+    def known(self, key, config: KernelConfig):
+        return self.measured[key].get(config.key)
 
     def top(self, key, k: int | None = None, keep=None) -> list:
         """The ok measurements of (part, M), fastest first (ties in storage order); `keep` filters."""
@@ -356,7 +357,7 @@ class Store:
     # -- committing ------------------------------------------------------------------------------
     def commit(self, key, m, params: dict, attrs: dict | None = None) -> None:
         """A measurement as a completed trial of its own (a neighbour's, a backend's)."""
-        self.measured[key][config_key(m.config)] = m
+        self.measured[key][m.config.key] = m
         self.studies[key].add_trial(optuna.trial.create_trial(
             params=params, distributions=self.dists[key], value=m.time_us if m.ok else math.inf,
             user_attrs={ATTR: m.to_dict(), **(attrs or {})}))
@@ -364,7 +365,7 @@ class Store:
     def commit_told(self, key, trial, m) -> bool:
         """An asked trial's measurement, told. False: another process declared the trial dead
         (missed heartbeats) and re-queued it meanwhile; the caller keeps the measurement apart."""
-        self.measured[key][config_key(m.config)] = m
+        self.measured[key][m.config.key] = m
         trial.set_user_attr(ATTR, m.to_dict())
         trial.set_user_attr("asked", True)
         try:
@@ -375,14 +376,14 @@ class Store:
         return True
 
     def commit_baseline(self, key, m, name: str) -> None:
-        self.measured[key][config_key(m.config)] = m
+        self.measured[key][m.config.key] = m
         if not self.read_only:
             self.studies[key].set_user_attr(f"baseline:{name}", m.to_dict())
 
     def commit_careful(self, key, m) -> None:
-        self.careful[(*key, config_key(m.config))] = m
+        self.careful[(*key, m.config.key)] = m
         if not self.read_only:
-            self.studies[key].set_user_attr(f"careful:{config_key(m.config)}", m.to_dict())
+            self.studies[key].set_user_attr(f"careful:{m.config.key}", m.to_dict())
 
     # -- liveness: heartbeats, dead trials, stops ------------------------------------------------
     def adopt(self, t) -> None:

@@ -7,6 +7,7 @@ time as a kernel's tiles would, and every config computes the same numbers. Its 
 fused-MoE files, so it takes their rules (coupling, selection, export) from the family that writes them."""
 from dataclasses import dataclass
 
+from autotune.contract.config import KernelConfig
 from autotune.contract.registry import CONFIGS, MOE
 from autotune.families.triton_moe.files import SglangMoeFiles
 from autotune.contract.spaces import Space
@@ -45,7 +46,7 @@ class ToyMoeConfigs(SglangMoeFiles):
         return None
 
     def baselines(self, problem, M, device):
-        return {"default": {"gate_up": dict(DEFAULT), "down": dict(DEFAULT)}}
+        return {"default": {"gate_up": KernelConfig.from_entry(DEFAULT), "down": KernelConfig.from_entry(DEFAULT)}}
 
     def tolerance(self, problem, on_cpu=False):
         return 1e-4

@@ -8,6 +8,7 @@ tile rules, TMA), how SGLang sizes its buffers per GEMM, and the float32 referen
 from __future__ import annotations
 
 from autotune.contract import spaces
+from autotune.contract.config import KernelConfig
 from autotune.gpus.device import DeviceInfo
 from autotune.numerics.fp8 import FP8_MAX
 from autotune.problems.models import Problem
@@ -27,7 +28,7 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp8_w8a8_block": 5e-2, "fp8_w8a8": 5e-
 
 # --- the family --------------------------------------------------------------------------------
 
-def smem_estimate(config: dict, problem: Problem, device: DeviceInfo) -> int:
+def smem_estimate(config: KernelConfig, problem: Problem, device: DeviceInfo) -> int:
     """Bytes of shared memory the kernel's software pipeline allocates: one A and one B tile
     per buffered stage (+ an 8-byte barrier per stage for TMA loads).
 
@@ -123,12 +124,12 @@ class TritonMoe(SglangMoeFiles):
             return "the installed Triton has no tensor descriptors"
         return None
 
-    def unwritable(self, config: dict, gemm: str, device: DeviceInfo) -> str | None:
+    def unwritable(self, config: KernelConfig, gemm: str, device: DeviceInfo) -> str | None:
         """Why `config` must not go into the `gemm` file for the target SGLang releases, or None."""
         from autotune.adapters.sglang_versions import config_problem
         return config_problem(config, gemm, self.sglang_versions, tma_capable(device))
 
-    def check(self, config: dict, problem: Problem, gemm: str, device: DeviceInfo,
+    def check(self, config: KernelConfig, problem: Problem, gemm: str, device: DeviceInfo,
               resources: bool = True) -> str | None:
         if resources:
             why = self._resources(config, problem, gemm, device)
@@ -148,7 +149,7 @@ class TritonMoe(SglangMoeFiles):
         return None
 
     @staticmethod
-    def _resources(config: dict, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
+    def _resources(config: KernelConfig, problem: Problem, gemm: str, device: DeviceInfo) -> str | None:
         """Shared memory: exact where this architecture's configs were compiled with this Triton
         (search_spaces/compiled/, autotune.families.triton_moe.cross_compile), else the estimate."""
         from autotune.families.triton_moe.cross_compile import load, record_key
@@ -177,11 +178,11 @@ class TritonMoe(SglangMoeFiles):
 
     def baselines(self, problem: Problem, M: int, device: DeviceInfo) -> dict:
         """SGLang's default configs, and its shipped file's configs where it has one for this GPU."""
-        default = sglang_default_config(problem, M, device)
-        out = {"default": {"gate_up": default, "down": dict(default)}}
+        default = KernelConfig.from_entry(sglang_default_config(problem, M, device))
+        out = {"default": {"gate_up": default, "down": default}}
         up, down, found = sglang_selection(problem, M, device)
         if found:
-            out["shipped"] = {"gate_up": up, "down": down}
+            out["shipped"] = {"gate_up": KernelConfig.from_entry(up), "down": KernelConfig.from_entry(down)}
         return out
 
     def tolerance(self, problem: Problem, on_cpu: bool = False) -> float:
@@ -283,7 +284,7 @@ class TritonMoe(SglangMoeFiles):
             inputs._sorted_A[key] = torch.where(valid[:, None], rows, torch.zeros((), dtype=A.dtype, device=A.device))
         return inputs._sorted_A[key]
 
-    def prepare(self, config: dict, inputs: MoeInputs) -> None:
+    def prepare(self, config: KernelConfig, inputs: MoeInputs) -> None:
         """The GPU work a config needs before its compile (the block alignment, the TMA layout
         of A), done under the worker's GPU lock so the compile that follows launches nothing of
         ours while another worker times. (SGLang's own per-call activation quantization for FP8
@@ -307,13 +308,13 @@ class TritonMoe(SglangMoeFiles):
             for gemm in self.gemms:
                 for M in (1, 64):
                     inputs = self.make_inputs(p, gemm, M, routings=1)
-                    cfg = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-                           "num_warps": 4, "num_stages": 2}
+                    cfg = KernelConfig.from_entry({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64,
+                                                   "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2})
                     self.run(cfg, inputs, 0)
             torch.cuda.synchronize()
 
     # -- launch and reference ------------------------------------------------------------------
-    def compile(self, config: dict, inputs: MoeInputs):
+    def compile(self, config: KernelConfig, inputs: MoeInputs):
         """Compile (and cache) the kernel variant `run` would launch, without launching it:
         SGLang's own call path with Triton's warm-up mode switched on for the MoE kernel, so
         the compile key is exactly the one of the real launch. Returns Triton's compiled kernel
@@ -342,12 +343,12 @@ class TritonMoe(SglangMoeFiles):
         from autotune.families.triton_moe.apart import compiling_for
         return compiling_for(sm)
 
-    def compile_apart(self, config: dict, problem: Problem, gemm: str, M: int):
+    def compile_apart(self, config: KernelConfig, problem: Problem, gemm: str, M: int):
         """Compile what `run` would launch for `config` at batch size M on the GPU, from stand-in inputs."""
         from autotune.families.triton_moe.apart import compile_apart
         return compile_apart(self, config, problem, gemm, M)
 
-    def run(self, config: dict, inputs: MoeInputs, routing: int, *, c_sorted: bool = False, a_sorted=None,
+    def run(self, config: KernelConfig, inputs: MoeInputs, routing: int, *, c_sorted: bool = False, a_sorted=None,
             a_scale=None):
         """One GEMM through SGLang's invoke_fused_moe_kernel. The keywords are the TMA-down layer
         (autotune.families.triton_moe.moe_layer): gate_up writing its rows expert-sorted into the padded buffer
@@ -358,7 +359,7 @@ class TritonMoe(SglangMoeFiles):
         from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
 
         p = inputs.problem
-        cfg = dict(config)
+        cfg = config.to_entry()      # SGLang's call takes its files' entry
         use_tma = bool(cfg.pop("USE_TMA", False))
         sorted_ids, expert_ids, ntp = self.aligned(inputs, cfg["BLOCK_SIZE_M"], routing)
         ctype = tl.float32 if inputs.on_cpu else tl.bfloat16

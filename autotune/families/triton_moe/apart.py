@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+from autotune.contract.config import KernelConfig
 from autotune.problems.models import Problem
 
 
@@ -61,7 +62,7 @@ def compiling_for(sm: int):
         yield
 
 
-def compile_apart(family, config: dict, problem: Problem, gemm: str, M: int):
+def compile_apart(family, config: KernelConfig, problem: Problem, gemm: str, M: int):
     """Compile `config` at batch size M inside `compiling_for` (Triton's compile errors raise here); returns
     Triton's compiled kernel (its `hash` is the key the measuring process's launch looks up)."""
     inputs = stand_in_inputs(family, problem, gemm, M)

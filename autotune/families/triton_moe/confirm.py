@@ -16,13 +16,18 @@ from autotune.families.triton_moe.layer_timing import (BASELINES, DEFAULT, SHIPP
 from autotune.families.triton_moe.costs import REPEATS, TOP_PAIRS
 
 def candidates(choice) -> dict:
-    """side name -> the re-measured candidate row it runs ({source, gate_up, down, gate_up_us, down_us,
-    total_us}): "tuned1".."tunedK" by re-measured sum, "shipped" and "default" where the selection had them."""
-    rows = [r for r in choice.candidates if r.get("total_us") is not None]
-    tuned = sorted((r for r in rows if r["source"] not in BASELINES), key=lambda r: r["total_us"])[:TOP_PAIRS]
-    out = {f"tuned{i}": r for i, r in enumerate(tuned, 1)}
-    out.update({r["source"]: r for r in rows if r["source"] in BASELINES})
+    """side name -> the re-measured candidate it runs (an autotune.search.finalists.Scored pair): "tuned1".."tunedK"
+    by re-measured sum, "shipped" and "default" where the selection had them."""
+    rows = [s for s in choice.candidates if s.total_us is not None]
+    tuned = sorted((s for s in rows if s.finalist.source not in BASELINES), key=lambda s: s.total_us)[:TOP_PAIRS]
+    out = {f"tuned{i}": s for i, s in enumerate(tuned, 1)}
+    out.update({s.finalist.source: s for s in rows if s.finalist.source in BASELINES})
     return out
+
+
+def _pair(scored) -> tuple:
+    """(gate_up, down) of a scored candidate."""
+    return scored.finalist.configs["gate_up"], scored.finalist.configs["down"]
 
 
 def side_folders(problem, device, cands: dict, root) -> dict:
@@ -30,9 +35,9 @@ def side_folders(problem, device, cands: dict, root) -> dict:
     one for its default, and for each tuned rank a folder holding that rank's pair at every M it has one."""
     ranks: dict = {}
     for M, sides in cands.items():
-        for name, row in sides.items():
+        for name, scored in sides.items():
             if name not in BASELINES:
-                ranks.setdefault(name, {})[M] = (row["gate_up"], row["down"])
+                ranks.setdefault(name, {})[M] = _pair(scored)
     folders = {name: write_side(root, name, problem, device, pairs) for name, pairs in ranks.items()}
     return {**folders, SHIPPED: None, DEFAULT: empty_folder(root)}
 
@@ -86,18 +91,18 @@ def confirm_by_layer(problem, choices: dict, device, *, timer=None, repeats: int
             row = timer(sides, M, repeats)
             for name, r in cands[M].items():
                 loaded = row.get(f"{name} loads")
-                if loaded is not None and not _same(loaded, (r["gate_up"], r["down"])):
+                if loaded is not None and not _same(loaded, _pair(r)):
                     raise LayerError(f"M={M}: SGLang loads {loaded} for the {name} side, not the pair meant "
-                                     f"({r['gate_up']}, {r['down']})")
+                                     f"({_pair(r)[0].to_entry()}, {_pair(r)[1].to_entry()})")
             side = decide(row, sides)
             c, r = choices[M], cands[M][side]
             rec = {"us": {s: round(row[f"{s} µs"], 3) for s in sides},
-                   "spread": {s: round(row[f"{s} spread"], 4) for s in sides}, "picked": side, "source": r["source"],
+                   "spread": {s: round(row[f"{s} spread"], 4) for s in sides}, "picked": side, "source": r.finalist.source,
                    # the written pair against the faster of SGLang's own (negative: faster)
                    "vs_sglang": round(row[f"{side} µs"] / row[f"{fastest(row, [s for s in sides if s in BASELINES])} µs"] - 1, 4)}
-            if (r["gate_up"], r["down"]) != (c.gate_up, c.down):
+            if _pair(r) != (c.gate_up, c.down):
                 rec["pick_was"] = c.source
-                choices[M] = Choice.pair(M, (r["gate_up"], r["down"]), (r["gate_up_us"], r["down_us"]), r["source"],
+                choices[M] = Choice.pair(M, _pair(r), (r.times["gate_up"], r.times["down"]), r.finalist.source,
                                          c.baseline_us, c.candidates)
             out[M] = rec
         return out

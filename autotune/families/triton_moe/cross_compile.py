@@ -21,15 +21,16 @@ import json
 from pathlib import Path
 
 from autotune.fileio.writing import read_json, write_json
-from autotune.measure.records import canonical
+from autotune.contract.config import KernelConfig
 from autotune.contract.spaces import SPACES_DIR
 
 COMPILED_DIR = SPACES_DIR / "compiled"
 NOT_SHARED = ("GROUP_SIZE_M",)   # config keys that do not change what the kernel allocates
 
 
-def record_key(dtype: str, gemm: str, config: dict) -> str:
-    c = {k: v for k, v in canonical(config).items() if k not in NOT_SHARED}
+def record_key(dtype: str, gemm: str, config: KernelConfig) -> str:
+    """What the compiled record keys a config by (the file's key)."""
+    c = {k: v for k, v in config.items() if k not in NOT_SHARED}
     return f"{dtype}|{gemm}|" + json.dumps(c, separators=(",", ":"), sort_keys=True)
 
 
@@ -82,7 +83,7 @@ def small_problem(problem):
     return dataclasses.replace(problem, E=max(16, problem.top_k))
 
 
-def compile_one(family, problem, gemm: str, config: dict, inputs_cache: dict) -> dict:
+def compile_one(family, problem, gemm: str, config: KernelConfig, inputs_cache: dict) -> dict:
     """{"shared": bytes} or {"error": one line}, for `config` compiled inside `cross_target`."""
     import torch
 

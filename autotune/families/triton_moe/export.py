@@ -17,12 +17,13 @@ from autotune.errors import ExportError
 from autotune.gpus.device import utc_now
 from autotune.fileio.writing import claim, forced, sha256, write_json
 from autotune.adapters.sglang_loader import sglang_file_name
+from autotune.contract.config import KernelConfig
 from autotune.search.finalists import Choice
 from autotune.adapters.sglang_versions import config_problem, valid_releases
 from autotune.folder.tuned import TunedFolder
 
 
-def _sglang_entry(config: dict) -> dict:
+def _sglang_entry(config: KernelConfig) -> dict:
     """Every entry written names num_warps and num_stages (Triton's defaults where the config leaves them to
     Triton: SGLang's default config does), so a reader sees what runs."""
     from autotune.families.triton_moe.schema import entry_config
@@ -147,7 +148,7 @@ def export_problem(tuned: TunedFolder, problem, choices: dict[int, Choice], run:
         if new is None:
             continue     # an old entry the targets cannot run, and nothing new for this M
         up_json[str(M)] = _sglang_entry(new.gate_up)
-        down_json[str(M)] = _sglang_entry({**new.down, "BLOCK_SIZE_M": new.gate_up["BLOCK_SIZE_M"]})
+        down_json[str(M)] = _sglang_entry(new.down.with_params(BLOCK_SIZE_M=new.gate_up["BLOCK_SIZE_M"]))
         per_m[str(M)] = {
             "tuned_us": round(new.total_us, 3), "gate_up_us": round(new.gate_up_us, 3),
             "down_us": round(new.down_us, 3), "source": new.source,

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.contract.config import KernelConfig
+
 
 SIDES = ("heuristic", "default", "tuned")
 
@@ -24,10 +26,13 @@ from autotune.families.triton_moe.layer_timing import LayerError  # noqa: E402  
 
 @dataclass
 class SideConfig:
-    gate_up: dict
-    down: dict
+    gate_up: KernelConfig
+    down: KernelConfig
     file_found: bool
     source: str
+
+    def __post_init__(self):      # SGLang's loader hands its entries: read as configs
+        self.gate_up, self.down = KernelConfig.from_entry(self.gate_up), KernelConfig.from_entry(self.down)
 
 
 class MoeSides:
@@ -169,7 +174,7 @@ class MoeSides:
             if not ok:
                 cfg = self.side_config(M, side)
                 raise LayerError(f"{side} configs at batch {M} compute wrong results ({reason}); "
-                                   f"gate_up {cfg.gate_up}, down {cfg.down} ({cfg.source})")
+                                   f"gate_up {cfg.gate_up.to_entry()}, down {cfg.down.to_entry()} ({cfg.source})")
             out[side] = err
         return out
 

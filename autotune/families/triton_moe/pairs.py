@@ -10,12 +10,14 @@ than them as measured.
 from __future__ import annotations
 
 from autotune.search.finalists import TUNED, Choice, Finalist, remeasure, score, winner
+from autotune.contract.config import KernelConfig
 from autotune.measure.records import Measurement
 
 BASELINES = ("default", "shipped")
 
 
-def candidate_pairs(gate_up: list[Measurement], down: list[Measurement], top: int, per_side: int = 2) -> list[tuple]:
+def candidate_pairs(gate_up: list[Measurement], down: list[Measurement], top: int,
+                    per_side: int = 2) -> list[tuple[KernelConfig, KernelConfig, float]]:
     """Top pairs (gate_up config, down config, estimated total us) sharing BLOCK_SIZE_M."""
     def by_bm(ms):
         out: dict = {}
@@ -54,11 +56,8 @@ def select_problem(tuner, top: int, careful_repeats: int) -> dict[int, Choice]:
         if win is None:
             continue
         baseline_us = {s.finalist.source: s.total_us for s in scored if s.finalist.source in BASELINES}
-        rows = [{"source": s.finalist.source, "gate_up": s.finalist.configs["gate_up"],
-                 "down": s.finalist.configs["down"], "total_us": s.total_us,
-                 "gate_up_us": s.times["gate_up"], "down_us": s.times["down"]} for s in scored]
         choices[M] = Choice.pair(M, (win.finalist.configs["gate_up"], win.finalist.configs["down"]),
-                                 (win.times["gate_up"], win.times["down"]), win.finalist.source, baseline_us, rows)
+                                 (win.times["gate_up"], win.times["down"]), win.finalist.source, baseline_us, scored)
     return choices
 
 

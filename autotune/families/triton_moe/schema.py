@@ -90,14 +90,14 @@ def _problem_and_device(entry: dict):
     return (problem, device) if isinstance(problem, Problem) else (None, None)
 
 
-def _plain(config: dict) -> dict:
-    """The config as SGLang reads it: a switch that is off is the same as none."""
-    return {k: v for k, v in config.items() if not (k in SWITCHES and not v)}
+def _plain(written: dict) -> dict:
+    """A file's entry as SGLang reads it: a switch that is off is the same as none."""
+    return {k: v for k, v in written.items() if not (k in SWITCHES and not v)}
 
 
-def sglangs_own(entry: dict, M: int, config: dict, name: str) -> bool:
-    """Is `config` what SGLang itself runs at M for the file's problem (its shipped file, else its
-    default heuristic)? Those may leave num_warps and num_stages to Triton; a tuned config may not."""
+def sglangs_own(entry: dict, M: int, written: dict, name: str) -> bool:
+    """Is `written` (a file's entry at M) what SGLang itself runs at M for the file's problem (its shipped file,
+    else its default heuristic)? Those may leave num_warps and num_stages to Triton; a tuned config may not."""
     from autotune.adapters.sglang_loader import sglang_default_config, sglang_selection
 
     problem, device = _problem_and_device(entry)
@@ -105,7 +105,7 @@ def sglangs_own(entry: dict, M: int, config: dict, name: str) -> bool:
         return False
     up, down, _ = sglang_selection(problem, M, device)
     own = (down if name == entry.get("down_file") else up, sglang_default_config(problem, M, device))
-    return any(_plain(c) == _plain(config) for c in own)
+    return any(_plain(c) == _plain(written) for c in own)
 
 
 def sglang_loads(entry: dict, path: Path, doc: dict) -> str | None:
