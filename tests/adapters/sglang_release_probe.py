@@ -1,7 +1,7 @@
 """Run in a fresh process: what one SGLang release hands its fused-MoE Triton kernel for each entry
 of a tuned folder, and which of those keyword arguments the release's kernel rejects.
 
-    python tests/sglang_release_probe.py RELEASE_ROOT|installed DEVICE_NAME E N K TOPK FOLDER:DTYPE [FOLDER:DTYPE ...]
+    python tests/adapters/sglang_release_probe.py RELEASE_ROOT|installed DEVICE_NAME E N K TOPK FOLDER:DTYPE [FOLDER:DTYPE ...]
 
 RELEASE_ROOT holds an unpacked release's `sglang/` tree (scripts/setup.sh puts 0.5.16 in
 .venv/sglang-releases/); `installed` uses the installed SGLang. Everything that decides is the

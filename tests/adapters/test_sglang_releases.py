@@ -1,6 +1,6 @@
 """Files for the SGLang release that serves them, checked with each release's own code.
 
-The checks run tests/sglang_release_probe.py in a fresh process per release (one for all committed
+The checks run tests/adapters/sglang_release_probe.py in a fresh process per release (one for all committed
 folders and dtypes): that release's loader reads each folder and its `_prepare_fused_moe_run` turns
 each entry into the keyword arguments its Triton kernel gets; a key outside the kernel's real
 signature is what crashed SGLang 0.5.16's server on the H200 (`USE_TMA` in the up file). 0.5.16's
@@ -18,7 +18,7 @@ from autotune.adapters import sglang_versions as sv
 from autotune.cli import main
 from autotune.measure.records import read_cache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RELEASES = {"0.5.16": str(ROOT / ".venv/sglang-releases/0.5.16"), "0.5.23": "installed"}
 PROBLEMS = {"bf16": "E=512,N=128,device_name=NVIDIA_H200.json",
             "fp8_w8a8_block": "E=512,N=128,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"}
@@ -38,7 +38,7 @@ def probe_all(release: str, jobs: list[tuple[Path, str]]) -> list[dict]:
     root = RELEASES[release]
     if root != "installed" and not Path(root, "sglang/__init__.py").exists():
         pytest.fail(f"SGLang {release}'s source is missing from {root}: run scripts/setup.sh")
-    out = subprocess.run([sys.executable, str(ROOT / "tests/sglang_release_probe.py"), root, "NVIDIA_H200", "512",
+    out = subprocess.run([sys.executable, str(ROOT / "tests/adapters/sglang_release_probe.py"), root, "NVIDIA_H200", "512",
                           "128", "4096", "10", *(f"{folder}:{dtype}" for folder, dtype in jobs)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -166,7 +166,7 @@ def test_a_finished_run_leaves_no_lock_anywhere(tmp_path, capsys, monkeypatch):
 def test_merge_choices_that_changes_nothing_rewrites_nothing_and_the_folder_still_publishes(tmp_path, capsys):
     """merge-choices wrote new dates into server_args.yaml, backend_choice.json and provenance.json each
     time, and the publish after it was refused ("validation.json judged other bytes")."""
-    from tests.test_reliability import _serving
+    from tests.repo.test_reliability import _serving
 
     folder = tmp_path / "tc" / "NVIDIA_H200"
     shutil.copytree(COMMITTED, folder)
@@ -200,7 +200,7 @@ def test_a_storage_on_a_full_disk_is_called_full(tmp_path, capsys, monkeypatch):
 def test_export_takes_the_run_name_its_refusal_named(tmp_path, capsys):
     """export --study NVIDIA_H200~replay (the name the refusal of a misspelt --study lists) looked for
     NVIDIA_H200~replay~replay and said the storage holds only NVIDIA_H200~replay."""
-    from tests.test_reliability import EXPORT, _worked
+    from tests.repo.test_reliability import EXPORT, _worked
 
     db = _worked(tmp_path)
     capsys.readouterr()

@@ -737,8 +737,8 @@ def test_environments(tier, capsys, tmp_path_factory):
     """publish and merge-choices under any such environment: the invariant; another repository (its refs,
     HEAD, index and files) byte-identical whatever GIT_* names it; the serving repo as found, or holding the
     one new branch of an exit 0; and nothing left in the TMPDIR the command saw."""
-    from tests.test_publish import tuned
-    from tests.test_reliability import _git_state, _serving
+    from tests.publish.test_publish import tuned
+    from tests.repo.test_reliability import _git_state, _serving
 
     @_settings(tier, 8)
     @given(environments)

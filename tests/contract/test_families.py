@@ -1,7 +1,7 @@
 """Each kernel family is declared once, by its own class, and found where it is declared
 (autotune/contract/registry.py): a new one is one package, installed beside autotune, that names itself in
-the entry-point group autotune.families. The toy backend family of tests/toy_gemm/ and the toy config
-family of tests/toy_moe_configs/ are each plugged in so (a distribution's metadata on sys.path, as pip
+the entry-point group autotune.families. The toy backend family of tests/fakes/toy_gemm/ and the toy config
+family of tests/fakes/toy_moe_configs/ are each plugged in so (a distribution's metadata on sys.path, as pip
 installs one), measured on this CPU by the measuring code a worker runs, and their recordings replayed by
 `autotune run --kernels <toy>`, end to end, with nothing else of autotune/ told about them."""
 import json
@@ -55,7 +55,7 @@ def record_on_this_cpu(path):
 def test_a_toy_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
     assert "toy_gemm" not in registry.names()
     with monkeypatch.context() as plugged:
-        plug_in(plugged, tmp_path / "site", toy_gemm="tests.toy_gemm")
+        plug_in(plugged, tmp_path / "site", toy_gemm="tests.fakes.toy_gemm")
         assert registry.names()[-1] == "toy_gemm" and [r.name for r in capabilities.runners("toy_gemm")] == \
             ["chunked", "doubled", "plain"]        # its package's modules, found by the capability table
         cache, problems = record_on_this_cpu(tmp_path / "toy.jsonl.gz")
@@ -110,7 +110,7 @@ def test_the_registry_is_where_the_pipeline_reads_each_family():
     ("autotune.families.fp8_gemm", "declares kernel family 'fp8_gemm', which autotune.families.fp8_gemm declares "
                                    "already"),
     ("tests.no_such_family", "does not load: ModuleNotFoundError"),
-    ("tests.toy_gemm.plain", "declares no kernel family"),
+    ("tests.fakes.toy_gemm.plain", "declares no kernel family"),
 ])
 def test_a_plugin_that_declares_no_family_or_a_taken_name_is_one_line(tmp_path, capsys, monkeypatch, package, says):
     """Bad input from an installed plugin: the command says which entry point and why, and exits 2."""
@@ -128,7 +128,7 @@ def record_configs_on_this_cpu(path):
     from autotune.problems import models
     from autotune.measure.measurer import Measurer
     from autotune.measure.tasks import Settings, Task
-    from tests.toy_moe_configs import GEMMS, SPACE
+    from tests.fakes.toy_moe_configs import GEMMS, SPACE
     from autotune.contract.spaces import Space
 
     measurer = Measurer(Settings(family="toy_moe", on_cpu=True, routings=1, repeats=3), None)
@@ -150,10 +150,10 @@ def record_configs_on_this_cpu(path):
 
 def test_a_toy_config_family_is_one_package_plugged_in_and_runs_in_replay(tmp_path, capsys, monkeypatch):
     from autotune.contract.spaces import Space
-    from tests.toy_moe_configs import DEFAULT, SPACE
+    from tests.fakes.toy_moe_configs import DEFAULT, SPACE
 
     with monkeypatch.context() as plugged:
-        plug_in(plugged, tmp_path / "site", toy_moe="tests.toy_moe_configs")
+        plug_in(plugged, tmp_path / "site", toy_moe="tests.fakes.toy_moe_configs")
         assert registry.names(registry.CONFIGS) == ("triton_moe", "toy_moe")
         cache, p = record_configs_on_this_cpu(tmp_path / "toy.jsonl.gz")
         capsys.readouterr()
@@ -188,7 +188,7 @@ def test_only_the_fused_moe_family_names_its_keys_and_its_name():
     the Triton fused-MoE family's package, no module (comments included) names its tile key or the family."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "autotune"
+    root = Path(__file__).resolve().parents[2] / "autotune"
     package = root / "families" / "triton_moe"
     named = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if package not in path.parents
              for n, line in enumerate(path.read_text().splitlines(), 1) if "BLOCK_SIZE_M" in line or '"triton_moe"' in line]

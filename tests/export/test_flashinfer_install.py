@@ -12,7 +12,7 @@ from flashinfer.autotuner.autotuner import _collect_metadata
 from autotune.cli import main
 from autotune.adapters.flashinfer_cache import CacheEntry, write_cache
 from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
-from tests.test_flashinfer_cache import _sglang_path_function
+from tests.adapters.test_flashinfer_cache import _sglang_path_function
 
 SM = 120
 

@@ -18,13 +18,13 @@ tighter one).
 from types import SimpleNamespace
 
 from autotune.contract.spaces import Space
-from tests.faulty_family import Faulty
+from tests.fakes.faulty_family import Faulty
 
 
 class CheckedOutputs(Faulty):
     """Faulty's stubs of the protocol; its own inputs, launch, reference and tolerance."""
     name = "checked"
-    spec = "tests.checked_family:CheckedOutputs"
+    spec = "tests.fakes.checked_family:CheckedOutputs"
 
     def __init__(self, like: str = "triton_moe", dtype: str = "bf16", as_gpu: bool = False):
         from autotune.contract.protocol import get_family

@@ -44,7 +44,7 @@ class VirtualClock:
 
 class FaultyBackends:
     name = "moe_bf16"               # exported as --moe-runner-backend
-    spec = "tests.faulty_backends:FaultyBackends"
+    spec = "tests.fakes.faulty_backends:FaultyBackends"
     gemms = ("layer",)
 
     def __init__(self):

@@ -104,7 +104,7 @@ class Faulty:
 class OomFaulty(Faulty):
     """Two configs: one that runs, one that runs out of GPU memory the first time at each M."""
     name = "oom_faulty"
-    spec = "tests.faulty_family:OomFaulty"
+    spec = "tests.fakes.faulty_family:OomFaulty"
 
     def space(self, problem, gemm, device):
         return Space("oom_faulty", {"mode": ("ok", "oom_once")})
@@ -116,7 +116,7 @@ class FaultyBuilds(Faulty):
     `built-<mode>-<build>-<M>` under $FAULTY_STATE, so a test sees what was built apart; its measuring is
     Faulty's (config["mode"])."""
     name = "faulty_builds"
-    spec = "tests.faulty_family:FaultyBuilds"
+    spec = "tests.fakes.faulty_family:FaultyBuilds"
     compiles_apart = True
 
     def compiling_for(self, sm):
@@ -139,7 +139,7 @@ class OomBeforeLaunch(Faulty):
     """Out of GPU memory before any launch: config["mode"] "oom_building" while its inputs are built,
     "oom_compiling" while its kernel compiles (torch's allocator refusing, as on a GPU)."""
     name = "oom_before_launch"
-    spec = "tests.faulty_family:OomBeforeLaunch"
+    spec = "tests.fakes.faulty_family:OomBeforeLaunch"
 
     def space(self, problem, gemm, device):
         return Space("oom_before_launch", {"mode": ("oom_building", "oom_compiling")})

@@ -23,7 +23,7 @@ from autotune.contract.capabilities import Availability
 from autotune.families.moe_backends.flashinfer_cutlass import CutlassMoe
 from autotune.contract.runner import FELL_BACK, Runner, exact_tactic
 from autotune.contract.spaces import Space
-from tests.faulty_backends import FaultyBackends
+from tests.fakes.faulty_backends import FaultyBackends
 
 SLEEP = {-1: 0.020, 0: 0.001, 1: 0.0005, 2: 0.0002, 3: 0.008, 4: 0.012}
 
@@ -58,7 +58,7 @@ RUNNERS = {"tunable": FakeRunner("moe_bf16", "tunable", "flashinfer_cutlass", "t
 
 class TacticBackends(FaultyBackends):
     """FaultyBackends' inputs, reference and stubs; its own backends, with tactics."""
-    spec = "tests.tactic_backends:TacticBackends"
+    spec = "tests.fakes.tactic_backends:TacticBackends"
 
     def runner(self, backend):
         return RUNNERS[backend]

@@ -9,7 +9,7 @@ from autotune.adapters import local_gpu
 from autotune.gpus import device as devmod
 from autotune.cli import main
 
-FOLDER = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
+FOLDER = Path(__file__).resolve().parents[2] / "tuned_configs/NVIDIA_H200"
 
 
 def machine_as_measured(**change):

@@ -14,10 +14,10 @@ from autotune.measure.builders import Building
 from autotune.measure.pool import WorkerPool
 from autotune.measure.tasks import Settings, Task
 from autotune.problems.models import Problem
-from tests.faulty_family import run_all
+from tests.fakes.faulty_family import run_all
 
 pytestmark = pytest.mark.slow      # processes and real compiles
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stand_ins_specialise_as_the_measured_inputs():
@@ -76,7 +76,7 @@ def test_every_task_is_built_apart_first_and_a_failed_build_is_never_a_verdict(t
     its builder or hangs it only loses the forecast: the task is still measured, and the measurement (here a
     right one) is its verdict. A dead or hung builder is replaced and the pool goes on."""
     monkeypatch.setenv("FAULTY_STATE", str(tmp_path))
-    settings = Settings(family="tests.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
     builds = ["ok", "error", "crash", "hang", "ok2"]
     with WorkerPool(settings, n_workers=1, timeout_s=8, building=Building(2, 90)) as pool:
         out = _run(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "ok", "build": b}, [1, 2])
@@ -95,7 +95,7 @@ def test_a_task_waiting_behind_a_crash_or_a_hang_is_measured_and_not_blamed(tmp_
     between tasks). When the task it measures crashes its process or hangs it, only that task fails; the one
     waiting behind it never started, goes back first in the queue, and is measured right on the new worker."""
     monkeypatch.setenv("FAULTY_STATE", str(tmp_path))
-    settings = Settings(family="tests.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:FaultyBuilds", on_cpu=True, routings=1)
     modes = {"a": "ok", "b": "crash", "c": "ok", "d": "hang", "e": "ok", "f": "ok"}
     behind = []
     with WorkerPool(settings, n_workers=1, timeout_s=6, building=Building(2, 90)) as pool:

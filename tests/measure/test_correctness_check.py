@@ -21,9 +21,9 @@ from autotune.measure.timing import check_output
 from autotune.measure.measurer import Measurer
 from autotune.problems.models import TRITON_DTYPES, Problem
 from autotune.measure.tasks import Settings, Task
-from tests.checked_family import CheckedOutputs, perturbed
+from tests.fakes.checked_family import CheckedOutputs, perturbed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The contract: relative (Frobenius) error allowed against the float32 reference, per family and
 # the dtype of its problems. A change here is a change of what autotune calls correct: it must be

@@ -49,4 +49,4 @@ def test_raised_at_follows_the_cause():
             raise RuntimeError("first launch") from e
     except RuntimeError as outer:
         where = raised_at(outer)
-    assert where == f"tests/test_frames.py:{inner.__code__.co_firstlineno + 1}"
+    assert where == f"tests/measure/test_frames.py:{inner.__code__.co_firstlineno + 1}"

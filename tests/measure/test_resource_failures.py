@@ -15,7 +15,7 @@ from autotune.search.context import SearchContext
 from autotune.search.study import ProblemTuner, TuneSettings
 from autotune.measure.tasks import Settings, Task, run_tasks
 from autotune.measure.pool import WorkerPool
-from tests.faulty_family import OomBeforeLaunch, OomFaulty
+from tests.fakes.faulty_family import OomBeforeLaunch, OomFaulty
 
 PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
@@ -93,7 +93,7 @@ def _two_phases():
 
 
 def test_out_of_memory_is_measured_again_and_never_returned(state):
-    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:Faulty", on_cpu=True, routings=1)
     plan = _two_phases()
     with WorkerPool(settings, n_workers=2, timeout_s=60, memory_plan=plan) as pool:
         out = _run(pool, [_task("oom_once"), _task("ok")])
@@ -110,7 +110,7 @@ def test_out_of_memory_is_measured_again_and_never_returned(state):
 @pytest.mark.slow      # a worker's death and its replacement's start (the quick test above keeps the retry)
 def test_cudas_own_out_of_memory_replaces_the_worker_and_measures_again(state):
     """CUDA's own out-of-memory poisons the context: the worker is replaced and the rest measured again."""
-    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:Faulty", on_cpu=True, routings=1)
     with WorkerPool(settings, n_workers=2, timeout_s=60) as pool:
         out = _run(pool, [_task("cuda_oom_once"), _task("ok")])
         assert [m.M for m in out["cuda_oom_once"]] == [1, 2] and all(m.ok for m in out["cuda_oom_once"])
@@ -119,7 +119,7 @@ def test_cudas_own_out_of_memory_replaces_the_worker_and_measures_again(state):
 
 
 def test_out_of_memory_with_one_worker_left_stops_the_run_in_one_line(state):
-    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:Faulty", on_cpu=True, routings=1)
     with WorkerPool(settings, n_workers=1, timeout_s=60) as pool:
         with pytest.raises(GpuMemoryExhausted, match=r"M=1: .*OutOfMemoryError.* \(3 tries, GPU 0 down to one "
                                                       r"worker\).*nothing measured is lost"):

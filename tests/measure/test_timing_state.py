@@ -95,7 +95,7 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
     from autotune.measure.measurer import Measurer
     from autotune.problems.models import Problem
     from autotune.measure.tasks import Settings, Task
-    from tests.tactic_backends import TacticBackends
+    from tests.fakes.tactic_backends import TacticBackends
 
     fam, problem = TacticBackends(), Problem(8, 32, 64, 2, "bf16", batch_sizes=(2,))
     measurer = Measurer(Settings(family=fam.spec, on_cpu=True, routings=1, repeats=3), None)
@@ -107,7 +107,7 @@ def test_a_worker_times_a_duel_in_one_task_and_a_failing_baseline_leaves_it_unpa
         assert m.ok and not fatal
         return m
     paired = beside(-1)
-    # the declared costs (tests/tactic_backends.py: -1 20 ms, tactic 0 1 ms), read on the family's clock
+    # the declared costs (tests/fakes/tactic_backends.py: -1 20 ms, tactic 0 1 ms), read on the family's clock
     assert paired.versus_us == pytest.approx(20_000) and paired.time_us == pytest.approx(1_000)
     assert paired.versus_spread == pytest.approx(0, abs=1e-9) and paired.samples == 3 * 3     # 3 rounds of (at most) 3
     assert beside(1).versus_us is None

@@ -7,7 +7,7 @@ from autotune.measure.measurer import classify
 from autotune.problems.models import Problem
 from autotune.measure.tasks import Settings, Task
 from autotune.measure.pool import WorkerPool
-from tests.faulty_family import run_all
+from tests.fakes.faulty_family import run_all
 
 pytestmark = pytest.mark.slow      # a pool of worker processes per test module
 
@@ -16,7 +16,7 @@ PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2))
 
 @pytest.fixture(scope="module")
 def results():
-    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1)
+    settings = Settings(family="tests.fakes.faulty_family:Faulty", on_cpu=True, routings=1)
     modes = ["ok", "nan_at_2", "zeros", "unwritten", "crash", "hang", "compile", "oor", "cuda_fatal"]
     with WorkerPool(settings, n_workers=3, timeout_s=6) as pool:
         tasks = [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": m}, [1, 2]) for m in modes]
@@ -77,7 +77,7 @@ def test_classify_triton_errors():
 
 def test_a_compile_failure_is_one_line_and_its_compiler_dump_goes_to_the_log(tmp_path, capfd):
     log = tmp_path / "workers.log"
-    settings = Settings(family="tests.faulty_family:Faulty", on_cpu=True, routings=1, log_path=str(log))
+    settings = Settings(family="tests.fakes.faulty_family:Faulty", on_cpu=True, routings=1, log_path=str(log))
     with WorkerPool(settings, n_workers=1, timeout_s=30) as pool:
         out = run_all(pool, [Task(PROBLEM.to_dict(), PROBLEM.key, "g", {"mode": "compile"}, [1])])
     m = out["compile"][1]

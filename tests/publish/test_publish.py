@@ -159,7 +159,7 @@ def test_publish_merges_server_args_with_the_serving_repos_families(tmp_path, se
 
     from autotune.export import server_args
 
-    committed = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
+    committed = Path(__file__).resolve().parents[2] / "tuned_configs/NVIDIA_H200"
     folders = {}
     for name, keep in (("moe", ("moe_fp8", "moe_bf16")), ("gemm", ("fp8_gemm",))):
         f = tmp_path / name / "NVIDIA_H200"
@@ -310,7 +310,7 @@ def test_a_replay_folder_is_never_published_as_gpu_validated(tmp_path, serving, 
     before = _state(serving)
     _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
               "configs were measured by replay, not on a GPU")
-    shutil.copy(Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200/validation.json", src)
+    shutil.copy(Path(__file__).resolve().parents[2] / "tuned_configs/NVIDIA_H200/validation.json", src)
     _one_line(capsys, main(["publish", "--to", str(serving), "--from", str(src)]),
               "configs were measured by replay, not on a GPU")
     assert _state(serving) == before

@@ -25,13 +25,13 @@ import pytest
 import yaml
 
 from tests.conftest import GRID, ROOT, wait_for_trials
-from tests.test_readme_main_job import assert_as_recorded, main_job, outputs
+from tests.repo.test_readme_main_job import assert_as_recorded, main_job, outputs
 
 pytestmark = pytest.mark.container
 
 IMAGE = os.environ.get("AUTOTUNE_IMAGE", "autotune:cu130")
 TUNER_UID = 1000            # the Dockerfile's `tuner`
-# The problem of tests/test_shared_study.py's stop test: 4 studies, a few seconds of replay.
+# The problem of tests/run/test_shared_study.py's stop test: 4 studies, a few seconds of replay.
 RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
        "--batch-sizes", "1,8", "--trials", "10", "--quiet"]
 # What the image holds of the checkout (the Dockerfile's COPY): its digest, here and inside.
@@ -157,7 +157,7 @@ def test_the_image_runs_the_cli_and_reads_its_search_spaces_as_the_host_does(ima
 
 def test_the_readme_main_job_in_the_image_writes_what_the_host_does_as_its_user(image, tmp_path, names):
     """The README's main job run inside, the output folder a volume: the same files, storage and
-    stdout as the host's run (tests/test_readme_main_job.py's recording of it), written by `tuner` and
+    stdout as the host's run (tests/repo/test_readme_main_job.py's recording of it), written by `tuner` and
     readable by anyone on the host; the JIT/memo cache volume written by `tuner` too."""
     work = tuner_folder(tmp_path / "work")
     args = main_job()

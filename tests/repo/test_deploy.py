@@ -1,5 +1,5 @@
 """The Dockerfile and compose file, checked statically, and the image's recorded stack against requirements/
-(tests/test_container.py builds nothing: it runs the image scripts/build_image.sh built, where an engine exists)."""
+(tests/repo/test_container.py builds nothing: it runs the image scripts/build_image.sh built, where an engine exists)."""
 import re
 
 import yaml

@@ -1,11 +1,11 @@
 """docs/DESIGN.md's house plan is the code's: every folder and top-level module of autotune/ has its
-row, in the tier tests/test_layers.py enforces, and every path the page names exists."""
+row, in the tier tests/repo/test_layers.py enforces, and every path the page names exists."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from tests.test_layers import PACKAGE, TIERS
+from tests.repo.test_layers import PACKAGE, TIERS
 
 DESIGN = PACKAGE.parent / "docs" / "DESIGN.md"
 

@@ -21,7 +21,7 @@ import ast
 import functools
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
+PACKAGE = Path(__file__).resolve().parents[2] / "autotune"
 
 
 def modules(package: Path) -> dict[str, Path]:

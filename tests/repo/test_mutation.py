@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TREE = ("pyproject.toml", "autotune", "tests", "search_spaces", "benchmarks/data", "tuned_configs")
 
-CORRECTNESS = ["tests/test_correctness_check.py::test_check_output_passes_just_inside_and_fails_just_outside",
-               "tests/test_correctness_check.py::test_a_trial_passes_just_inside_its_tolerance_and_fails_just_outside"]
-PINNED = ["tests/test_correctness_check.py::test_every_family_and_dtype_has_its_pinned_tolerance",
-          "tests/test_correctness_check.py::test_a_trial_passes_just_inside_the_pinned_tolerance_and_fails_just_outside"]
-KEEP_FASTER = ["tests/test_sglang_files.py::test_export_keeps_a_better_existing_entry",
-               "tests/test_keep_rules.py::test_a_rerun_keeps_the_faster_existing_entries_and_replaces_the_slower"]
-WITHIN_NOISE = ["tests/test_keep_rules.py::test_auto_stays_unless_beaten_beyond_both_timings_noise",
-                "tests/test_sieve_h200_replay.py::test_the_h200_sieve_replayed_keeps_auto_inside_noise"]
+CORRECTNESS = ["tests/measure/test_correctness_check.py::test_check_output_passes_just_inside_and_fails_just_outside",
+               "tests/measure/test_correctness_check.py::test_a_trial_passes_just_inside_its_tolerance_and_fails_just_outside"]
+PINNED = ["tests/measure/test_correctness_check.py::test_every_family_and_dtype_has_its_pinned_tolerance",
+          "tests/measure/test_correctness_check.py::test_a_trial_passes_just_inside_the_pinned_tolerance_and_fails_just_outside"]
+KEEP_FASTER = ["tests/families/triton_moe/test_sglang_files.py::test_export_keeps_a_better_existing_entry",
+               "tests/search/test_keep_rules.py::test_a_rerun_keeps_the_faster_existing_entries_and_replaces_the_slower"]
+WITHIN_NOISE = ["tests/search/test_keep_rules.py::test_auto_stays_unless_beaten_beyond_both_timings_noise",
+                "tests/search/test_sieve_h200_replay.py::test_the_h200_sieve_replayed_keeps_auto_inside_noise"]
 
 # name: (file, what is there, what is planted instead, the quick tests that must each fail)
 PLANTED = {
@@ -37,9 +37,9 @@ PLANTED = {
                                                 '"moe_bf16", "bf16", 10\n    tol = 0.02\n',
                                                 '"moe_bf16", "bf16", 10\n    tol = 0.002\n', PINNED),
     "no NaN poison": ("autotune/measure/measurer.py", 'inputs.C.fill_(float("nan"))', "pass",
-                      ["tests/test_correctness_check.py::test_an_output_the_launch_did_not_write_fails_though_its_"
+                      ["tests/measure/test_correctness_check.py::test_an_output_the_launch_did_not_write_fails_though_its_"
                        "buffer_held_a_right_answer",
-                       "tests/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
+                       "tests/measure/test_correctness_check.py::test_a_triton_launch_that_writes_nothing_fails_after_a_right_"
                        "one_filled_its_buffer"]),
     "keep-faster inverted": ("autotune/families/triton_moe/export.py", 'old["tuned_us"] < round(new.total_us, 3)',
                              'old["tuned_us"] > round(new.total_us, 3)', KEEP_FASTER),
@@ -47,49 +47,49 @@ PLANTED = {
                               "if eligible[best] * (1 + noise(*spreads)) < eligible[auto]:", WITHIN_NOISE),
     "within-noise dropped": ("autotune/search/server_choice.py", "(1 + noise(*spreads))", "1", WITHIN_NOISE),
     "a tie to the tuned config": ("autotune/search/finalists.py", "s.finalist.source == TUNED", "s.finalist.source != TUNED",
-                                  ["tests/test_selection.py::test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_"
+                                  ["tests/search/test_selection.py::test_the_fastest_correct_finalist_wins_and_a_tie_goes_to_"
                                    "the_baseline"]),
     # The eleven an independent audit planted that no test caught (issue 44): each now has its catcher.
     "out of memory before the launch stored as a compile error": (
         "autotune/measure/measurer.py", "            return failed(status, failure_reason(stage, e)), fatal\n",
         "            return failed(records.COMPILE_ERROR, failure_reason(stage, e)), fatal\n",
-        ["tests/test_resource_failures.py::test_out_of_memory_before_the_launch_is_the_machines_failure_never_the_configs"]),
+        ["tests/measure/test_resource_failures.py::test_out_of_memory_before_the_launch_is_the_machines_failure_never_the_configs"]),
     "the memory cap used where less is free": (
         "autotune/gpus/memory_plan.py", "return min(self.free, self.cap) if self.cap else self.free",
         "return self.cap if self.cap else self.free",
-        ["tests/test_gpu_memory.py::test_a_cap_above_the_free_memory_plans_for_what_is_free"]),
+        ["tests/gpus/test_gpu_memory.py::test_a_cap_above_the_free_memory_plans_for_what_is_free"]),
     "limits() not less the CUDA context": (
         "autotune/gpus/memory_plan.py", "self.share(i, phase, self.workers[phase.name][i]) - CONTEXT_BYTES",
         "self.share(i, phase, self.workers[phase.name][i])",
-        ["tests/test_gpu_memory.py::test_every_workers_limit_and_its_cuda_context_together_fit_its_gpu"]),
+        ["tests/gpus/test_gpu_memory.py::test_every_workers_limit_and_its_cuda_context_together_fit_its_gpu"]),
     "a later phase brings back workers a shortage removed": (
         "autotune/measure/pool.py", "want = max(1, plan.workers[name][i] - self._cut.get(g.index, 0))",
         "want = max(1, plan.workers[name][i])",
-        ["tests/test_resource_failures.py::test_out_of_memory_is_measured_again_and_never_returned"]),
+        ["tests/measure/test_resource_failures.py::test_out_of_memory_is_measured_again_and_never_returned"]),
     "the layer check judges bf16 at FP8's tolerance": (
         "autotune/families/triton_moe/layer_timing.py", 'return (MoeBf16 if dtype == "bf16" else MoeFp8).tol',
         "return MoeFp8.tol",
-        ["tests/test_confirm.py::test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance"]),
+        ["tests/families/triton_moe/test_confirm.py::test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance"]),
     "the layer check's minimum over repeats": (
         "autotune/families/triton_moe/layer_timing.py", "med = statistics.median(ts)", "med = min(ts)",
-        ["tests/test_confirm.py::test_a_sides_layer_time_is_the_median_of_its_repeats_and_its_spread_their_range"]),
+        ["tests/families/triton_moe/test_confirm.py::test_a_sides_layer_time_is_the_median_of_its_repeats_and_its_spread_their_range"]),
     "a NaN error passes the check": (
         "autotune/measure/timing.py", "if not err <= tol:", "if err > tol:",
-        ["tests/test_correctness_check.py::test_a_reference_with_nan_or_inf_fails_every_output"]),
+        ["tests/measure/test_correctness_check.py::test_a_reference_with_nan_or_inf_fails_every_output"]),
     "publish keeps another GPU's entry as faster": (
         "autotune/publish/__init__.py", 'return a.get("device") == b.get("device") and all(', "return all(",
-        ["tests/test_publish.py::test_the_serving_repos_entry_of_another_gpu_or_stack_is_never_kept_as_faster"]),
+        ["tests/publish/test_publish.py::test_the_serving_repos_entry_of_another_gpu_or_stack_is_never_kept_as_faster"]),
     "publish's proof misses a file beyond the plan": (
         "autotune/publish/serving_repo.py", "extra = [p for p in changed if p not in planned]", "extra = []",
-        ["tests/test_publish.py::test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back[hook-adds-a-file]"]),
+        ["tests/publish/test_publish.py::test_a_commit_that_is_not_the_plan_is_refused_and_the_repo_put_back[hook-adds-a-file]"]),
     "immutable=true not read-only": (
         "autotune/store/storage_url.py", 'immutable = "immutable" in params and sqlite_immutable(params["immutable"])',
         'immutable = params.get("immutable") == "1"',
-        ["tests/test_storage_url.py::test_immutable_is_read_only_exactly_where_sqlite_reads_it_as_true"]),
+        ["tests/store/test_storage_url.py::test_immutable_is_read_only_exactly_where_sqlite_reads_it_as_true"]),
     "export's keep rule blind to the Triton version": (
         "autotune/families/triton_moe/export.py",
         '                  and old_entry.get("triton") == device.versions.get("triton"))', ")",
-        ["tests/test_sglang_files.py::test_an_entry_timed_under_another_triton_is_never_kept_as_faster"]),
+        ["tests/families/triton_moe/test_sglang_files.py::test_an_entry_timed_under_another_triton_is_never_kept_as_faster"]),
 }
 
 
@@ -155,7 +155,7 @@ def test_every_catcher_is_in_the_copy_and_the_cheap_ones_pass_there(tmp_path):
                             text=True, timeout=600)
     assert listed.returncode == 0, listed.stdout[-3000:]
     cheap = [t for t in catchers if "triton" not in t and t.split("::")[0] in (
-        "tests/test_correctness_check.py", "tests/test_gpu_memory.py", "tests/test_selection.py", "tests/test_storage_url.py")]
+        "tests/measure/test_correctness_check.py", "tests/gpus/test_gpu_memory.py", "tests/search/test_selection.py", "tests/store/test_storage_url.py")]
     assert len(cheap) >= 6 and quick_tests(tree, cheap) == {t: True for t in cheap}
 
 

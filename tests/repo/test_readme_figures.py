@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks/results"
 VALIDATIONS = {"0.5.23": ROOT / "tuned_configs/NVIDIA_H200/validation.json",
                "0.5.16": ROOT / "tuned_configs/sglang-0.5.16/NVIDIA_H200/validation.json"}

@@ -12,7 +12,7 @@ written on):
 - its Optuna storage autotune.db, every row of every table (study and trial ids, names, params,
   values, attributes), except the trials' start/complete times and the run's `opened` time;
 - what it prints on stdout, line for line (it prints no time of day).
-Re-record (only when a change of behaviour is meant): `python tests/test_readme_main_job.py record`.
+Re-record (only when a change of behaviour is meant): `python tests/repo/test_readme_main_job.py record`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests/data/readme_main_job.json.gz"
 # Two runs of one commit differ only here (checked with two runs of e947a93 side by side).
 ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:\+00:00|Z)?")

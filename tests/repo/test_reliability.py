@@ -3,7 +3,7 @@ the documented exit code, no traceback, every file that existed byte-identical a
 tuned file written. Run in-process (`autotune.cli.main`): an uncaught exception fails the test.
 
 The cases that need a process of their own (signals, a storage server, concurrent runs) are in
-tests/test_shared_study.py; docs/RELIABILITY.md names the test of every case, and the last test
+tests/run/test_shared_study.py; docs/RELIABILITY.md names the test of every case, and the last test
 here checks that the table and the tests agree."""
 import gzip
 import hashlib
@@ -62,7 +62,7 @@ def _without(argv: list, *flags) -> list:
 
 def _tuned(t, corrupt=None):
     """A tuned folder as `run` + `validate --gate` leave it, one of its JSON files then cut short."""
-    from tests.test_publish import tuned
+    from tests.publish.test_publish import tuned
     folder = tuned(t, "tuned", {1: 10.0})
     if corrupt:
         (folder / corrupt).write_text('{"files": {')
@@ -467,7 +467,7 @@ def _check_edited(t: Path, edit) -> list:
 def _install(t: Path, *extra, tp="2", server_args=None) -> list:
     """install of a tuned folder (FlashInfer tactics, moe-runner-backend flashinfer_cutlass) for a
     one-rank model folder of Qwen3.5-397B at TP8 (4 attention heads, 512 experts), into t/cache."""
-    from tests.test_flashinfer_install import model_folder, tuned_folder
+    from tests.export.test_flashinfer_install import model_folder, tuned_folder
     folder, model = tuned_folder(t), model_folder(t)
     if server_args is not None:
         (folder / "server_args.yaml").write_text(server_args)
@@ -489,7 +489,7 @@ def _publish_edited(t: Path, edit) -> list:
 
 
 def _up_file(folder: Path) -> Path:
-    from tests.test_publish import UP
+    from tests.publish.test_publish import UP
     return folder / "configs/triton_3_6_0" / UP
 
 
@@ -507,7 +507,7 @@ def _rename_up(name):
 
 def _no_backend_choices(folder: Path, prov: dict) -> None:
     """A backend_choice.json of no family: it used to be refused after the branch was made."""
-    from tests.test_publish import DEV
+    from tests.publish.test_publish import DEV
     (folder / "backend_choice.json").write_text(json.dumps({"device": DEV.to_dict(), "families": {}}))
 
 
@@ -738,7 +738,7 @@ def test_a_publish_that_fails_after_its_branch_is_made_puts_the_repo_back(tmp_pa
     """The serving repo already holds an earlier publish (merged into main), so the second one
     changes tracked files and adds new ones before it fails: every one is put back, the branch too."""
     import subprocess
-    from tests.test_publish import tuned
+    from tests.publish.test_publish import tuned
 
     repo = _serving(tmp_path)
     assert main(["publish", "--to", str(repo), "--from", str(tuned(tmp_path, "first", {1: 10.0})), "--branch", "t1"]) == 0
@@ -789,7 +789,7 @@ def test_reliability_doc_lists_every_case_with_its_exit_code_and_a_test_that_exi
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     """SIGINT reaches the run as KeyboardInterrupt, the path SIGTERM takes too (exit 143 there:
-    tests/test_shared_study.py stops a real run with it)."""
+    tests/run/test_shared_study.py stops a real run with it)."""
     import autotune.cli as cli
 
     def interrupted(args):

@@ -108,7 +108,7 @@ def test_a_backend_is_skipped_in_one_family_only(tmp_path, cache_path):
 
 # --- one folder collects the families of several runs -----------------------------------------
 
-FP8_GEMM_GPU = Path(__file__).parent.parent / "benchmarks/data/h200_fp8_gemm_2026-12-01.jsonl.gz"
+FP8_GEMM_GPU = Path(__file__).parents[2] / "benchmarks/data/h200_fp8_gemm_2026-12-01.jsonl.gz"
 
 
 def _fp8_gemm_run(out, db):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.cli import main
-from tests.test_layers import PACKAGE, read_graph
-from tests.test_reliability import _run, _snapshot, _without, _write
+from tests.repo.test_layers import PACKAGE, read_graph
+from tests.repo.test_reliability import _run, _snapshot, _without, _write
 
 # id -> (the flags a step's check refuses, what the one line says); each step's (or sink's) own check
 REFUSED = {

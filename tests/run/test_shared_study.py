@@ -345,7 +345,7 @@ def test_sigterm_stops_a_run_in_one_line_with_exit_143_and_leaves_it_resumable(t
     """`docker stop` (SIGTERM) is handled as Ctrl-C: one line, exit 143, no trial left RUNNING
     (the one being measured, if any at that instant, failed with the reason and re-queued), and
     the same command resumes. Which trial is marked is checked deterministically in-process:
-    tests/test_search.py::test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes."""
+    tests/search/test_search.py::test_an_interrupt_marks_the_trial_in_flight_and_the_run_resumes."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     common = [*RUN, "--batch-sizes", "1,8", "--replay", str(GRID), "--trials", "10", "--quiet",
               "--storage", url, "--out", str(tmp_path / "out")]

@@ -14,7 +14,7 @@ from autotune.folder.tuned import TunedFolder
 from autotune.problems.models import Problem
 from autotune.measure.tasks import Settings
 from autotune.measure.pool import WorkerPool
-from tests.faulty_backends import FaultyBackends
+from tests.fakes.faulty_backends import FaultyBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every backend
 
@@ -26,7 +26,7 @@ PROBLEM = Problem(8, 32, 64, 2, "bf16", batch_sizes=(1, 2, 64, 1024))
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("choice")
     fam = FaultyBackends()
-    settings = Settings(family="tests.faulty_backends:FaultyBackends", on_cpu=True, routings=1, repeats=5)
+    settings = Settings(family="tests.fakes.faulty_backends:FaultyBackends", on_cpu=True, routings=1, repeats=5)
     with WorkerPool(settings, n_workers=3, timeout_s=6) as pool:
         tuner = BackendTuner(SearchContext(optuna.storages.InMemoryStorage(), DEVICE, pool), PROBLEM, fam, careful_repeats=7)
         tuner.measure()
@@ -43,10 +43,10 @@ def test_each_broken_backend_is_disqualified_with_its_evidence(run):
     assert bad["nan_at_2"].M == 2 and "NaN" in bad["nan_at_2"].reason     # fine at M=1, caught at M=2
     assert bad["zeros"].status == "wrong_result" and "relative error" in bad["zeros"].reason
     assert bad["crash"].status == "crash" and "SIGSEGV" in bad["crash"].reason
-    assert "worker killed by SIGSEGV in tests/faulty_backends.py:97 in run" in bad["crash"].reason
+    assert "worker killed by SIGSEGV in tests/fakes/faulty_backends.py:97 in run" in bad["crash"].reason
     assert bad["hang"].status == "timeout"
     # asked before it was killed, the hung worker said where it waits: the backend's own line, not threading's
-    assert "(hang; stuck in tests/faulty_backends.py:99 in run)" in bad["hang"].reason
+    assert "(hang; stuck in tests/fakes/faulty_backends.py:99 in run)" in bad["hang"].reason
 
 
 def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):

@@ -1,11 +1,11 @@
 """The two rules that decide what is written when two timings compete, each through a second path
 beside its first test:
 
-- export keeps an existing entry measured faster on the same stack (first: tests/test_sglang_files.py,
+- export keeps an existing entry measured faster on the same stack (first: tests/families/triton_moe/test_sglang_files.py,
   export_problem called directly; here: `autotune run` into a folder an earlier run wrote, from a
   recording whose every time is 25% slower or faster);
 - the one backend per server stays SGLang's `auto` unless another beats it beyond the noise of both
-  sides' timings (first: the H200 sieve replayed, tests/test_sieve_h200_replay.py; here:
+  sides' timings (first: the H200 sieve replayed, tests/search/test_sieve_h200_replay.py; here:
   server_choice over tuners whose times and spreads are set, either side of the line)."""
 import json
 from dataclasses import dataclass, field, replace
@@ -99,7 +99,7 @@ def test_the_same_timing_read_back_from_provenance_is_not_faster(tmp_path):
 
 
 def test_publish_keeps_the_serving_repos_faster_entries_of_the_same_stack():
-    """The publish merge (first: tests/test_publish.py, through the command): per M, the serving
+    """The publish merge (first: tests/publish/test_publish.py, through the command): per M, the serving
     repo's entry stays where it was measured faster on the same device and versions."""
     from autotune.publish import merge_file
 

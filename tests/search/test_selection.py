@@ -1,6 +1,6 @@
 """Selection, unit by unit (autotune.families.triton_moe.pairs, autotune.search.finalists): which pairs become finalists, what a
 re-measurement is asked and reused, and which finalist wins. The end-to-end replays
-(tests/test_replay_run.py) show the outcome on the H200 grid; here each rule is set up to decide."""
+(tests/run/test_replay_run.py) show the outcome on the H200 grid; here each rule is set up to decide."""
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 

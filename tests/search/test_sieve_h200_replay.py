@@ -10,7 +10,7 @@ import pytest
 
 from autotune.cli import main
 
-DATA = Path(__file__).resolve().parent.parent / "benchmarks/data"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks/data"
 
 
 # two device calls of session 18: in the first SGLang's `cutlass` MoE runner hung (killed at 150 s),

@@ -17,7 +17,7 @@ from autotune.problems.models import Problem
 from autotune.measure.records import config_key
 from autotune.measure.tasks import Settings
 from autotune.measure.pool import WorkerPool
-from tests.tactic_backends import RUNNERS, TacticBackends
+from tests.fakes.tactic_backends import RUNNERS, TacticBackends
 
 pytestmark = pytest.mark.slow      # a worker pool measuring every tactic
 

@@ -213,7 +213,7 @@ def test_a_journal_said_wrongly_is_one_line_and_exit_2_before_anything_is_writte
 
     env = {**os.environ, "AUTOTUNE_SQLITE_JOURNAL": "walz"}
     p = subprocess.run([sys.executable, "-m", "autotune", "run", "--shapes", "qwen3.5", "--tp", "8", "--replay",
-                        str(Path(__file__).parent / "data" / "h200_triton_moe_bf16_grid.jsonl.gz"), "--storage",
+                        str(Path(__file__).parents[1] / "data" / "h200_triton_moe_bf16_grid.jsonl.gz"), "--storage",
                         f"sqlite:///{tmp_path / 'a.db'}", "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 2, p.stderr

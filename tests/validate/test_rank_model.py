@@ -118,7 +118,7 @@ def test_layers_up_to_the_models_own_count_are_kept_and_more_refused():
 
 # --- one derivation: the rank runs the problem `shapes` lists -------------------------------------
 
-STYLES = Path(__file__).parent / "data/model_configs"
+STYLES = Path(__file__).parents[1] / "data/model_configs"
 # What each model family's transformers config class calls the routed-expert count and the expert
 # FFN width (read from transformers' own classes, not from autotune's table of names).
 EXPERT_KEYS = {"mixtral": ("num_local_experts", "intermediate_size"),

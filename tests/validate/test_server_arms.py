@@ -10,7 +10,7 @@ from hypothesis import example, given, settings, strategies as st
 from autotune.cli import main
 from autotune.validate.server_arms import INSTANCE_SPREAD, comparisons, evidence, instance_spread, read_runs, table
 
-SAMPLE = Path(__file__).parent / "data/validate/sglang016_runs"
+SAMPLE = Path(__file__).parents[1] / "data/validate/sglang016_runs"
 TUNED = "tuned_configs/sglang-0.5.16/NVIDIA_H200"
 
 
@@ -49,7 +49,7 @@ def test_a_tuned_run_that_loaded_other_files_is_refused(tmp_path, capsys):
     assert any(p.startswith("one_batch_bf16_r1_tuned:") and "did not load the tuned folder" in p for p in problems)
     assert not any(r.name == "one_batch_bf16_r1_tuned" for r in got)
     folder = tmp_path / "folder"
-    shutil.copytree(Path(__file__).resolve().parent.parent / TUNED, folder / TUNED)
+    shutil.copytree(Path(__file__).resolve().parents[2] / TUNED, folder / TUNED)
     before = (folder / TUNED / "validation.json").read_bytes()
     # --force: even where the validation there may be replaced, runs that contradict their arm write nothing
     rc = main(["validate", "--engine", "sglang", "--from-runs", str(runs), "--configs", str(folder / TUNED), "--force"])
@@ -63,7 +63,7 @@ def test_default_arm_that_found_a_file_is_refused():
     assert check_arm("default", ev, None) and check_arm("tuned", ev, "a/b") and check_arm("shipped", ev, None) is None
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNS_023 = ROOT / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"
 RUNS_016 = [ROOT / "benchmarks/data" / f"h200_sglang016_arms{s}_2026-12-02.tgz" for s in ("", "_fp8_block", "_fp8_block_server")]
 
@@ -146,7 +146,7 @@ def test_the_gate_fails_when_tuned_is_slower_beyond_noise(tmp_path):
     assert not g.passed and g.lines[-1] == "gate FAILED: tuned is slower than baseline beyond noise at 6 of 6 judged points"
 
 
-FP8_RUNS = Path(__file__).resolve().parent.parent / "benchmarks/data/h200_sglang016_arms_fp8_block_2026-12-02.tgz"
+FP8_RUNS = Path(__file__).resolve().parents[2] / "benchmarks/data/h200_sglang016_arms_fp8_block_2026-12-02.tgz"
 
 
 def test_block_fp8_arms_read_from_sglangs_own_lines(tmp_path):
@@ -183,7 +183,7 @@ def test_sglang_0523_runs_on_the_h200_judge_the_committed_folder(tmp_path):
     tuned run loaded that folder's up and _down files, 0.5.23's shipped arm fell back to its triton 3.5.1
     file, and the record says which SGLang ran and which module measured."""
     out = tmp_path / "out"
-    configs = Path(__file__).resolve().parent.parent / "tuned_configs/NVIDIA_H200"
+    configs = Path(__file__).resolve().parents[2] / "tuned_configs/NVIDIA_H200"
     assert main(["validate", "--engine", "sglang", "--from-runs", str(RUNS_023), "--configs", str(configs),
                  "--out", str(out), "--gate"]) == 0
     rec = _judged_as_committed(out, configs / "validation.json")

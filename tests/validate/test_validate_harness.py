@@ -13,7 +13,7 @@ from autotune.validate import HarnessError
 from autotune.problems.models import LinearAttention
 from autotune.validate.harness import HarnessModel, default_layers, layer_shapes
 
-DATA = Path(__file__).parent / "data" / "validate"
+DATA = Path(__file__).parents[1] / "data" / "validate"
 TINY = DATA / "tiny_qwen3.5_moe.config.json"
 
 

@@ -10,7 +10,7 @@ import pytest
 from autotune.validate import BenchmarkError
 from autotune.validate.sglang_server import read_one_batch_result, read_serving_result
 
-DATA = Path(__file__).parent / "data" / "validate"
+DATA = Path(__file__).parents[1] / "data" / "validate"
 
 
 def test_real_h200_serving_output_last_line_is_read():

@@ -1,6 +1,6 @@
 """A toy backend family, plugged in as a family installed beside autotune is: this package (the family's
 protocol object, which declares it, and one module per backend), named in the entry-point group
-autotune.families (tests/test_families.py makes that entry point). Its backends are plain torch on the
+autotune.families (tests/contract/test_families.py makes that entry point). Its backends are plain torch on the
 CPU; SGLang's --fp8-gemm-backend is the flag its choice goes to."""
 from dataclasses import dataclass, field
 

@@ -1,6 +1,6 @@
 """A toy Triton-config family, plugged in as a family installed beside autotune is: this package (its
 protocol object, which declares it), named in the entry-point group autotune.families
-(tests/test_families.py makes that entry point). It tunes SGLang's fused-MoE config keys over a
+(tests/contract/test_families.py makes that entry point). It tunes SGLang's fused-MoE config keys over a
 space of its own for one expert's GEMMs in plain torch on the CPU: the product is taken in
 BLOCK_SIZE_K-wide slices of K and BLOCK_SIZE_M-high slices of the rows, so the config decides the
 time as a kernel's tiles would, and every config computes the same numbers. Its files are SGLang's

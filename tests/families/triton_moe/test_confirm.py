@@ -135,12 +135,12 @@ def test_a_folder_that_serves_another_pair_is_refused(tmp_path):
 @pytest.mark.parametrize("dtype, tol", [("bf16", 0.02), ("fp8_w8a8_block", 0.08)])
 def test_on_a_gpu_the_layer_check_holds_each_dtype_to_its_own_tolerance(dtype, tol):
     """Each side's layer is checked against the float32 reference at the tolerance of the family that runs that
-    dtype's layer (bf16 0.02, block FP8 0.08: tests/test_correctness_check.py pins them): a layer off by 0.9x the
+    dtype's layer (bf16 0.02, block FP8 0.08: tests/measure/test_correctness_check.py pins them): a layer off by 0.9x the
     tolerance passes, one off by 1.1x fails, so bf16 is never judged at FP8's."""
     import torch
 
     from autotune.families.triton_moe.layer_timing import LayerTimer
-    from tests.checked_family import perturbed
+    from tests.fakes.checked_family import perturbed
 
     ref = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
     timer = LayerTimer.__new__(LayerTimer)          # what a GPU would make, without the GPU: the check alone

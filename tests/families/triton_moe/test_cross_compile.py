@@ -14,7 +14,7 @@ from autotune.families.triton_moe.cross_compile import load, record_key
 from autotune.families.triton_moe import TritonMoe, smem_estimate
 from autotune.problems.models import Problem
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SM120 = planned(120)
 CFG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
 SAMPLES = [("bf16", "gate_up", CFG), ("bf16", "gate_up", {**CFG, "USE_TMA": True}),
