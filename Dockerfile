@@ -46,7 +46,7 @@ ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 # held at the version they ran (requirements/cpu.lock, as constraints), except two that SGLang's full
 # dependency tree forbids at those versions (the CPU setup installs SGLang without its dependencies):
 # numpy < 2.4 (mistral-common, on Python <= 3.12) and python-dateutil < 3. The version args must equal
-# requirements/ and the lock (tests/test_deploy.py); another stack is a change of all three.
+# requirements/ and the lock (tests/repo/test_deploy.py); another stack is a change of all three.
 ARG IMAGE_STACK=locked
 COPY Dockerfile.pip-freeze.txt requirements/cpu.lock /tmp/lock/
 RUN --mount=type=secret,id=pip-cert,target=${PIP_CERT} \
@@ -79,7 +79,7 @@ RUN if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 100
 ENV TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache SGLANG_CACHE_DIR=/cache/sglang \
     XDG_CACHE_HOME=/cache
 VOLUME ["/cache"]
-# The base it was built FROM, for people and for tests/test_container.py (which builds the PostgreSQL
+# The base it was built FROM, for people and for tests/repo/test_container.py (which builds the PostgreSQL
 # image of deploy/ on the same base).
 ARG CUDA_IMAGE
 LABEL org.opencontainers.image.base.name=${CUDA_IMAGE}

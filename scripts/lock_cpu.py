@@ -1,7 +1,7 @@
 """requirements/cpu.lock: every distribution requirements/cpu.txt resolves to, pinned, each with its
 installed size (MiB) as a comment. scripts/setup.sh installs the lock in parallel pip processes
 (--no-deps, balanced by those sizes): unpacking torch's CUDA wheels on one core was most of a fresh
-setup. Re-run after changing requirements/cpu.txt (tests/test_deploy.py checks they agree):
+setup. Re-run after changing requirements/cpu.txt (tests/repo/test_deploy.py checks they agree):
 
     .venv/bin/python scripts/lock_cpu.py                          # write the lock, from a set-up .venv
     python3 scripts/lock_cpu.py --parts N OUTDIR REQ_FILE...      # split requirement files into N parts

@@ -13,7 +13,7 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check -
 # requirements/cpu.lock (scripts/lock_cpu.py) is the resolved closure of requirements/cpu.txt, each
 # package with its installed size. It and SGLang (only its kernel and loader modules are used on the
 # CPU) go in with --no-deps as one pip process per core, the parts balanced by size: unpacking torch's
-# CUDA wheels (7 GB installed) on one core was most of a fresh setup. tests/test_deploy.py checks that
+# CUDA wheels (7 GB installed) on one core was most of a fresh setup. tests/repo/test_deploy.py checks that
 # the lock holds cpu.txt's pins; pip check below, that it holds everything they need.
 # Two parts per core: wheels unpack at different speeds per MiB, and the cores stay busy to the end.
 parts=$(( 2 * $(nproc 2>/dev/null || echo 1) )); [ "$parts" -gt 8 ] && parts=8
@@ -28,7 +28,7 @@ broken=$(.venv/bin/python -m pip check 2>/dev/null | grep -v '^sglang ' || true)
 # setuptools is in the lock: no isolated build environment to set up for the editable install.
 pip_install --no-deps --no-build-isolation -e .
 # Older SGLang releases' own source, for the tests that load our files through each release's
-# loader and kernel signature (tests/test_sglang_releases.py): the package tree only, no install.
+# loader and kernel signature (tests/adapters/test_sglang_releases.py): the package tree only, no install.
 for v in 0.5.16; do
   dest=.venv/sglang-releases/$v
   [ -f "$dest/sglang/__init__.py" ] && continue

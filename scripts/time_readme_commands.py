@@ -9,7 +9,7 @@ the main job, setup again (a no-op by then) then the quick tests; each part is t
 empty AUTOTUNE_CACHE_DIR stands for a new machine; AUTOTUNE_TEST_POSTGRES is unset (the
 PostgreSQL tests are skipped, as README says for a local run). One run is appended to the results
 file with the date, the commit, the core count and the load average before and after (the machine
-may be shared). tests/test_readme_figures.py checks that README quotes what that file holds.
+may be shared). tests/repo/test_readme_figures.py checks that README quotes what that file holds.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from tests.test_publish import DEV, tuned
-from tests.test_reliability import _git_state, _serving, _snapshot
+from tests.publish.test_publish import DEV, tuned
+from tests.repo.test_reliability import _git_state, _serving, _snapshot
 
 
 def _one_line(capsys, rc, code, says) -> str:

@@ -30,7 +30,7 @@ ARMS = ("default", "shipped", "tuned")
 MEASURED_BY = {"one_batch": "bench_one_batch", "server": "server"}
 # What a one-run arm borrows as its noise (gate.KnownSpread): the relative sigma of one run of each
 # method on the lent H200, pooled (root mean square) over every (SGLang release, dtype, arm, batch) with
-# two or more runs in the committed runs. tests/test_server_arms.py recomputes both from those tarballs
+# two or more runs in the committed runs. tests/validate/test_server_arms.py recomputes both from those tarballs
 # with instance_spread() and fails when they drift from what the data says.
 _SPREAD_FROM = ("benchmarks/data/h200_sglang016_arms*_2026-12-02.tgz and h200_sglang023_arms_2026-12-02.tgz, "
                 "{n} (release, dtype, arm, batch) groups with 2-3 runs, root mean square of their relative sigmas")
