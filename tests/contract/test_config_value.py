@@ -128,7 +128,7 @@ def test_the_core_holds_configs_as_values_and_refuses_a_dict_where_a_file_is_not
         with pytest.raises(TypeError, match="KernelConfig"):
             make(dict(ENTRY))
     # and no signature of the core or of a family takes one as a dict
-    root = Path(__file__).resolve().parents[1] / "autotune"
+    root = Path(__file__).resolve().parents[2] / "autotune"
     typed = re.compile(r"\b(config|cfg|versus)\s*:\s*dict\b")
     found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
              for i, line in enumerate(p.read_text().splitlines(), 1) if typed.search(line)]
