@@ -41,8 +41,10 @@ def test_stand_ins_specialise_as_the_measured_inputs():
                  ("bf16", "gate_up", 600, {**base, "BLOCK_SIZE_M": 64}),
                  ("fp8_w8a8_block", "gate_up", 3, base),
                  ("fp8_w8a8_block", "down", 64, {**base, "BLOCK_SIZE_M": 64, "USE_TMA": True})]
+        from autotune.contract.config import KernelConfig
         with compiling_for(90):
-            for dtype, gemm, M, cfg in cases:
+            for dtype, gemm, M, entry in cases:
+                cfg = KernelConfig.from_entry(entry)
                 p = Problem(32, 256, 512, 4, dtype)
                 built = fam.compile_apart(cfg, p, gemm, M)
                 # the GPU's inputs: made as make_inputs makes them there, bf16 operands (the CPU's are float32)
