@@ -256,7 +256,7 @@ class DecodeHarness(MoeSides):
         runs, configs, checks, moe = [], {}, {}, {}
         with in_context(sglang_context()), torch.no_grad():
             for M in batch_sizes:
-                configs[M] = {s: asdict(self.side_config(M, s)) for s in SIDES}
+                configs[M] = {s: self.side_config(M, s).to_dict() for s in SIDES}
                 checks[M] = self.check(M)
                 g = torch.Generator(device=self.dev).manual_seed(seed + M)
                 x = torch.randn((M, self.problem.K), generator=g, device=self.dev).to(self.dtype)

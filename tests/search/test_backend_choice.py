@@ -5,6 +5,7 @@ import argparse
 import optuna
 import pytest
 
+from autotune.contract.config import KernelConfig
 from autotune.search.context import SearchContext
 from autotune.search.sieve import BackendTuner
 from autotune.search.server_choice import server_choice
@@ -56,7 +57,7 @@ def test_per_M_winner_is_the_fast_correct_backend_everywhere(run):
         assert c.config["backend"] == "good_fast"
         assert c.auto_us is not None and c.time_us < c.auto_us
         # a disqualified backend is never even a candidate, also at the Ms where it ran fine
-        assert all(x["config"]["backend"] in ("good_fast", "good_slow") for x in c.candidates)
+        assert all(x.finalist.configs["layer"]["backend"] in ("good_fast", "good_slow") for x in c.candidates)
 
 
 def test_server_args_name_the_winner_and_the_reasons(run):

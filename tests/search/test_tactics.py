@@ -41,7 +41,7 @@ def tuned():
 
 
 def cfg(t):
-    return {"backend": "tunable", "tactic": t}
+    return KernelConfig.from_entry({"backend": "tunable", "tactic": t})
 
 
 def test_every_offered_tactic_is_measured_where_offered(tuned):
@@ -71,7 +71,7 @@ def test_the_winner_is_the_fastest_correct_tactic_everywhere(tuned):
         assert c.config == cfg(0)
         assert c.auto_us is not None and c.time_us < c.auto_us
         # tactic 1 was the fastest at M=1 and M=64 and is still never a candidate there
-        assert all(x["config"].get("tactic") not in (1, 2) for x in c.candidates)
+        assert all(x.finalist.configs["layer"].get("tactic") not in (1, 2) for x in c.candidates)
 
 
 def test_each_tactic_is_re_timed_beside_its_default_and_pinned_on_that_pair(tuned):
@@ -131,12 +131,12 @@ def test_each_tunable_backend_gets_its_own_best_tactic_whichever_backend_wins(tu
     assert all(c.config["backend"] == "tunable" for c in choices.values())
     for M in PROBLEM.batch_sizes:
         assert pinned["tunable"][M].config == cfg(0)
-        assert pinned["pair"][M].config == {"backend": "pair", "tactic": [0, 1]}
+        assert pinned["pair"][M].config == KernelConfig.from_entry({"backend": "pair", "tactic": [0, 1]})
         for c in (pinned["tunable"][M], pinned["pair"][M]):
             assert c.time_us < c.auto_us            # beside its own default, both re-measured
-            assert {json.dumps(x["config"]["tactic"]) for x in c.candidates} >= {"-1"}
+            assert {json.dumps(x.finalist.configs["layer"]["tactic"]) for x in c.candidates} >= {"-1"}
     # the disqualified never reach the re-measurement
-    assert not any(x["config"]["tactic"] in (1, 2, [-1, 0]) for per_m in pinned.values()
+    assert not any(x.finalist.configs["layer"]["tactic"] in (1, 2, [-1, 0]) for per_m in pinned.values()
                    for c in per_m.values() for x in c.candidates)
 
 

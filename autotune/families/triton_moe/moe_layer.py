@@ -34,6 +34,11 @@ class SideConfig:
     def __post_init__(self):      # SGLang's loader hands its entries: read as configs
         self.gate_up, self.down = KernelConfig.from_entry(self.gate_up), KernelConfig.from_entry(self.down)
 
+    def to_dict(self) -> dict:
+        """As a report records it: the two entries SGLang loads, whether a file held them, and what they are."""
+        return {"gate_up": self.gate_up.to_entry(), "down": self.down.to_entry(), "file_found": self.file_found,
+                "source": self.source}
+
 
 class MoeSides:
     """One MoE problem on this device, with the (gate_up, down) configs of each side per M."""

@@ -29,13 +29,15 @@ def compile_in_fresh_process(samples) -> list:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = textwrap.dedent("""
         import json, sys
+        from autotune.contract.config import KernelConfig
         from autotune.families.triton_moe.cross_compile import compile_one, cross_target
         from autotune.families.triton_moe import TritonMoe
         from autotune.problems.models import Problem
         fam, cache, out = TritonMoe(), {}, []
         with cross_target(120):
             for dtype, gemm, cfg in json.loads(sys.argv[1]):
-                out.append(compile_one(fam, Problem(512, 128, 4096, 10, dtype, (64,)), gemm, cfg, cache))
+                out.append(compile_one(fam, Problem(512, 128, 4096, 10, dtype, (64,)), gemm,
+                                       KernelConfig.from_entry(cfg), cache))
         print(json.dumps(out))
     """)
     p = subprocess.run([sys.executable, "-c", code, json.dumps(samples)], capture_output=True, text=True,
