@@ -1,6 +1,6 @@
 """Backend-choice families: the same kernel protocol, where a config names a backend.
 
-A config is {"backend": name, "tactic": t}. tactic -1 runs the backend as SGLang would (its own
+A config names a backend and its tactic (`backend_config`). tactic -1 runs the backend as SGLang would (its own
 default or FlashInfer's autotuned choice); tactics >= 0 are searched where the backend exposes
 them. Each backend is a runner object declared in one module of the family's package
 (autotune.contract.runner): it owns where it may run and how it launches; the capability table
@@ -102,7 +102,7 @@ class BackendFamily:
         inputs = self.make_inputs(p, LAYER, min(p.batch_sizes), routings=1)
         for name in self.warmup_backends(device):
             try:
-                self.run({"backend": name, "tactic": -1}, inputs, 0)
+                self.run(backend_config(name), inputs, 0)
                 torch.cuda.synchronize()
             except Exception:
                 # A backend that fails here fails again, recorded, in its trial.
