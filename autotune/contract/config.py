@@ -47,8 +47,13 @@ class _Object(tuple):
         return hash((_Object, tuple(self)))
 
 
+_SCALARS = (int, bool, float, str, type(None))
+
+
 def _freeze(value):
     """A JSON value as a hashable one (lists as tuples, objects as _Object), `_thaw` its inverse."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
     if isinstance(value, Mapping):
@@ -57,6 +62,8 @@ def _freeze(value):
 
 
 def _thaw(value):
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, _Object):
         return {k: _thaw(v) for k, v in value}
     if isinstance(value, tuple):
@@ -84,12 +91,18 @@ class KernelConfig(Mapping):
         the entry leaves them out (what Triton launches with), else they stay left out."""
         if isinstance(entry, KernelConfig) and not launch:
             return entry
-        full = {**(launch or {}), **entry}
+        full = {**launch, **entry} if launch else entry
         for k in LAUNCH:            # what Triton's launch takes: an integer, or the key left out
             if k in full and type(full[k]) is not int:
                 raise ValueError(f"a config's {k} must be an integer, got {full[k]!r:.30}")
-        return cls(tuple((k, _freeze(v)) for k, v in canonical({k: v for k, v in full.items() if k not in LAUNCH}).items()),
-                   full.get("num_warps"), full.get("num_stages"))
+        # Made here in one pass (the search makes thousands a second): fields and the entry, as __post_init__ would
+        frozen = {k: _freeze(v) for k, v in canonical(full).items()}
+        out = object.__new__(cls)
+        object.__setattr__(out, "params", tuple((k, v) for k, v in frozen.items() if k not in LAUNCH))
+        object.__setattr__(out, "num_warps", full.get("num_warps"))
+        object.__setattr__(out, "num_stages", full.get("num_stages"))
+        object.__setattr__(out, "_entry", {k: _thaw(v) for k, v in frozen.items()})
+        return out
 
     def to_entry(self) -> dict:
         """The entry a file holds: every meta-parameter and the launch values it states, in the files' key

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -39,10 +40,15 @@ class Space:
             n *= len(v)
         return n
 
-    def configs(self):
+    def configs(self) -> list[KernelConfig]:
+        """Every config of the space, in ladder order (made once: the search walks them again and again)."""
+        return self._all
+
+    @cached_property
+    def _all(self) -> list[KernelConfig]:
         names = list(self.params)
-        for combo in itertools.product(*(self.params[n] for n in names)):
-            yield KernelConfig.from_entry(dict(zip(names, combo)))
+        return [KernelConfig.from_entry(dict(zip(names, combo)))
+                for combo in itertools.product(*(self.params[n] for n in names))]
 
     def indices_of(self, config: KernelConfig) -> dict | None:
         """Ladder positions of a config, or None when it is not in this space."""

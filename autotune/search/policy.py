@@ -85,6 +85,7 @@ class SearchPolicy:
 
     def __init__(self, tuner):
         self.tuner = tuner
+        self._why_not: dict = {}     # (gemm, config) -> the family's check (one problem, one device: it never changes)
 
     def sampler(self, slot, seed: int, startup: int):
         fixed = self.next_params(slot)
@@ -123,7 +124,7 @@ class SearchPolicy:
         space = t.spaces[slot.gemm]
         seen = t.measured[slot.gemm, slot.M]
         valid = lambda c: (c.key not in seen and (slot.gemm, slot.M, c.key) not in t.pending  # noqa: E731
-                           and t.family.check(c, t.problem, slot.gemm, t.device) is None)
+                           and self._check(slot.gemm, c) is None)
         tops = sorted(t.ok_measurements(slot.gemm, slot.M), key=lambda m: m.time_us)[:3]
         near = []
         for m in tops:
@@ -142,3 +143,9 @@ class SearchPolicy:
             return rng.choice(near)
         rest = [c for c in space.configs() if valid(c)]
         return rng.choice(rest) if rest else None
+
+    def _check(self, gemm: str, config: KernelConfig) -> str | None:
+        t = self.tuner
+        if (gemm, config) not in self._why_not:
+            self._why_not[gemm, config] = t.family.check(config, t.problem, gemm, t.device)
+        return self._why_not[gemm, config]
