@@ -63,7 +63,7 @@ def _serving_repo(path):
 
 def test_folder_commands_import_no_sglang_torch_transformers_or_flashinfer(tmp_path, monkeypatch):
     from autotune.cli import main
-    from tests.export.test_flashinfer_install import model_folder, tuned_folder
+    from tests.fakes.flashinfer_folders import model_folder, tuned_folder
 
     cache = tmp_path / "memo"
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
@@ -89,7 +89,7 @@ def test_folder_commands_import_no_sglang_torch_transformers_or_flashinfer(tmp_p
 @pytest.mark.slow        # a fresh process importing SGLang: 10 s of CPU to show the check above can fail
 def test_the_module_set_check_sees_a_command_that_imports_sglang(tmp_path, monkeypatch):
     """The check above fails where a command imports SGLang: install with nothing remembered asks it."""
-    from tests.export.test_flashinfer_install import model_folder, tuned_folder
+    from tests.fakes.flashinfer_folders import model_folder, tuned_folder
 
     tuned, model = tuned_folder(tmp_path), model_folder(tmp_path)
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}

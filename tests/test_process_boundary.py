@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from tests.publish.test_publish import DEV, tuned
-from tests.repo.test_reliability import _git_state, _serving, _snapshot
+from tests.fakes.tuned_folders import DEV, file_hashes, git_state, serving_repo, tuned
 
 
 def _one_line(capsys, rc, code, says) -> str:
@@ -39,40 +38,40 @@ def test_publish_goes_into_the_serving_repo_whatever_git_variables_the_shell_hol
     """GIT_DIR naming another repository: the branch and commit went there (its HEAD switched), exit 0;
     a GIT_INDEX_FILE a hook set: a false "uncommitted changes"."""
     (tmp_path / "elsewhere").mkdir()
-    other = _serving(tmp_path / "elsewhere")
-    other_state = _git_state(other)
-    repo = _serving(tmp_path)
+    other = serving_repo(tmp_path / "elsewhere")
+    other_state = git_state(other)
+    repo = serving_repo(tmp_path)
     src = tuned(tmp_path, "a", {1: 10.0})
     monkeypatch.setenv(var, {"GIT_DIR": str(other / ".git"), "GIT_WORK_TREE": str(other),
                              "GIT_INDEX_FILE": str(other / ".git/index")}[var])
     assert main(_publish(repo, src)) == 0, capsys.readouterr().err
     monkeypatch.delenv(var)
-    assert _git_state(other) == other_state
+    assert git_state(other) == other_state
     head = subprocess.run(["git", "-C", str(repo), "symbolic-ref", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     assert head == f"tuned/{DEV.file_name}"
 
 
 def test_no_git_on_path_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
-    repo = _serving(tmp_path)
+    repo = serving_repo(tmp_path)
     src = tuned(tmp_path, "a", {1: 10.0})
-    state, before = _git_state(repo), _snapshot(tmp_path)
+    state, before = git_state(repo), file_hashes(tmp_path)
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     rc = main(_publish(repo, src))
     monkeypatch.undo()
     _one_line(capsys, rc, 2, f"git is not on PATH ({tmp_path / 'bin'})")
-    assert _git_state(repo) == state and _snapshot(tmp_path) == before
+    assert git_state(repo) == state and file_hashes(tmp_path) == before
 
 
 def test_a_failing_git_is_named_by_its_path(tmp_path, capsys):
-    repo = _serving(tmp_path)
+    repo = serving_repo(tmp_path)
     _hook(repo, "pre-commit", "echo 'no commits today' >&2\nexit 1\n")
-    state = _git_state(repo)
+    state = git_state(repo)
     rc = main(_publish(repo, tuned(tmp_path, "a", {1: 10.0})))
     line = _one_line(capsys, rc, 2, f"git commit failed in {repo} (")
     assert line.endswith("): no commits today") and "/git)" in line
-    assert _git_state(repo) == state
+    assert git_state(repo) == state
 
 
 # --- credentials and litter ------------------------------------------------------------------------------
@@ -111,22 +110,22 @@ def test_what_a_program_prints_has_its_urls_credentials_masked(tmp_path, text, s
 def test_a_post_checkout_hook_that_fails_leaves_the_repo_as_found(tmp_path, capsys):
     """The hook ran after `checkout -b` had made and checked out the branch: publish exited 2 with the
     repo on the new branch, and the next publish said the branch existed."""
-    repo = _serving(tmp_path)
+    repo = serving_repo(tmp_path)
     _hook(repo, "post-checkout", "echo 'post-checkout: refused' >&2\nexit 1\n")
     src = tuned(tmp_path, "a", {1: 10.0})
-    state = _git_state(repo)
+    state = git_state(repo)
     _one_line(capsys, main(_publish(repo, src)), 2, "git checkout failed in")
-    assert _git_state(repo) == state
+    assert git_state(repo) == state
     (repo / ".git/hooks/post-checkout").unlink()
     assert main(_publish(repo, src)) == 0, capsys.readouterr().err
 
 
 def test_a_path_into_the_git_folder_is_refused_saying_so(tmp_path, capsys):
-    repo = _serving(tmp_path)
-    state = _git_state(repo)
+    repo = serving_repo(tmp_path)
+    state = git_state(repo)
     rc = main(_publish(repo, tuned(tmp_path, "a", {1: 10.0}), "--path", ".git/tuned"))
     _one_line(capsys, rc, 2, "--path .git/tuned is inside the serving repo's .git folder")
-    assert _git_state(repo) == state and not (repo / ".git/tuned").exists()
+    assert git_state(repo) == state and not (repo / ".git/tuned").exists()
 
 
 def test_a_second_publish_while_one_holds_the_repo_is_told_so(tmp_path, capsys):
@@ -134,13 +133,13 @@ def test_a_second_publish_while_one_holds_the_repo_is_told_so(tmp_path, capsys):
     winner's half-written files)."""
     from autotune.publish.serving_repo import held
 
-    repo = _serving(tmp_path)
+    repo = serving_repo(tmp_path)
     src = tuned(tmp_path, "a", {1: 10.0})
-    state = _git_state(repo)
+    state = git_state(repo)
     with held(repo):
         rc = main(_publish(repo, src))
         _one_line(capsys, rc, 2, f"another autotune publish holds {repo}")
-        assert _git_state(repo) == state
+        assert git_state(repo) == state
     assert main(_publish(repo, src)) == 0, capsys.readouterr().err     # and the lock went with its holder
 
 

@@ -2,7 +2,6 @@
 file written by its save_configs, and land where SGLang 0.5.23 looks for them."""
 import ast
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
@@ -30,6 +29,7 @@ from autotune.adapters.flashinfer_cache import (
     tuning_config_for,
     write_cache,
 )
+from tests.fakes.flashinfer_folders import sglang_path_function  # noqa: E402
 
 M, N, K = 100, 4096, 7168
 COLD = ("cuda_graph_profile_replays", 1, "l2_cache_policy", "cold")
@@ -388,30 +388,13 @@ def test_failed_write_leaves_the_existing_file_intact(tmp_path, monkeypatch):
 
 # --- where SGLang looks ----------------------------------------------------------------------------
 
-def _sglang_path_function():
-    """SGLang's own flashinfer_autotune_cache_path, compiled from the installed source with the
-    server's context replaced by stubs (importing its module needs a full server environment)."""
-    spec = importlib.util.find_spec("sglang")
-    src = Path(spec.submodule_search_locations[0]) / "srt/model_executor/runner/flashinfer_autotune.py"
-    tree = ast.parse(src.read_text())
-    wanted = {"flashinfer_autotune_cache_path", "get_flashinfer_autotune_skip_ops"}
-    body = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in wanted)
-            or (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "FLASHINFER_AUTOTUNE_WORKAROUND_SKIPS"
-                                                   for t in n.targets))]
-    assert len(body) == 3, "SGLang's cache-path code moved; re-check sglang_cache_path"
-    ns = {"hashlib": hashlib, "Path": Path, "ModelRunner": object}
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(src), "exec"), ns)
-    return ns
-
-
 class Qwen3MoeConfig:
     pass
 
 
 @pytest.mark.parametrize("draft", [False, True])
 def test_path_is_sglangs(tmp_path, draft):
-    ns = _sglang_path_function()
+    ns = sglang_path_function()
     parallel = SimpleNamespace(tp_size=4, pp_size=1, attn_dp_size=2, moe_ep_size=4, tp_rank=3, pp_rank=0,
                                dp_rank=None)
     ns.update(

@@ -166,7 +166,7 @@ def test_a_finished_run_leaves_no_lock_anywhere(tmp_path, capsys, monkeypatch):
 def test_merge_choices_that_changes_nothing_rewrites_nothing_and_the_folder_still_publishes(tmp_path, capsys):
     """merge-choices wrote new dates into server_args.yaml, backend_choice.json and provenance.json each
     time, and the publish after it was refused ("validation.json judged other bytes")."""
-    from tests.repo.test_reliability import _serving
+    from tests.fakes.tuned_folders import serving_repo
 
     folder = tmp_path / "tc" / "NVIDIA_H200"
     shutil.copytree(COMMITTED, folder)
@@ -175,7 +175,7 @@ def test_merge_choices_that_changes_nothing_rewrites_nothing_and_the_folder_stil
         assert main(["merge-choices", str(folder), "--out", str(out)]) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.startswith("nothing changed: ")
         assert _snapshot(tmp_path) == before
-    assert main(["publish", "--to", str(_serving(tmp_path)), "--from", str(folder)]) == 0, capsys.readouterr().err
+    assert main(["publish", "--to", str(serving_repo(tmp_path)), "--from", str(folder)]) == 0, capsys.readouterr().err
 
 
 # --- a storage only read may be read-only; a full one is called full --------------------------------------------
@@ -200,9 +200,9 @@ def test_a_storage_on_a_full_disk_is_called_full(tmp_path, capsys, monkeypatch):
 def test_export_takes_the_run_name_its_refusal_named(tmp_path, capsys):
     """export --study NVIDIA_H200~replay (the name the refusal of a misspelt --study lists) looked for
     NVIDIA_H200~replay~replay and said the storage holds only NVIDIA_H200~replay."""
-    from tests.repo.test_reliability import EXPORT, _worked
+    from tests.fakes.command_lines import EXPORT, worked_storage
 
-    db = _worked(tmp_path)
+    db = worked_storage(tmp_path)
     capsys.readouterr()
     _one_line(capsys, main([*EXPORT, "--storage", f"sqlite:///{db}", "--study", "typo", "--out", str(tmp_path / "o")]),
               2, "holds no run 'typo~replay' (it holds NVIDIA_H200~replay)")

@@ -737,8 +737,7 @@ def test_environments(tier, capsys, tmp_path_factory):
     """publish and merge-choices under any such environment: the invariant; another repository (its refs,
     HEAD, index and files) byte-identical whatever GIT_* names it; the serving repo as found, or holding the
     one new branch of an exit 0; and nothing left in the TMPDIR the command saw."""
-    from tests.publish.test_publish import tuned
-    from tests.repo.test_reliability import _git_state, _serving
+    from tests.fakes.tuned_folders import git_state, serving_repo, tuned
 
     @_settings(tier, 8)
     @given(environments)
@@ -748,19 +747,19 @@ def test_environments(tier, capsys, tmp_path_factory):
             (root / "tmp").mkdir()
             (root / "file").write_text("a file where a folder belongs\n")
             (root / "elsewhere").mkdir()
-            other, serving = _serving(root / "elsewhere"), _serving(root)
+            other, serving = serving_repo(root / "elsewhere"), serving_repo(root)
             src = tuned(root, "t", {1: 10.0})
             (root / "merged").mkdir()
-            other_state, serving_state = _git_state(other), _git_state(serving)
+            other_state, serving_state = git_state(other), git_state(serving)
             argv = (["publish", "--to", serving, "--from", src] if env["command"] == "publish" else
                     ["merge-choices", str(PROVENANCE_FOLDER), "--out", root / "merged"])
             with _environment(env, root, other):
                 rc = _holds(capsys, argv, root)
-            assert _git_state(other) == other_state, env
+            assert git_state(other) == other_state, env
             if env["command"] == "publish" and rc == 0:
-                assert _git_state(serving)[2].count("\n") == serving_state[2].count("\n") + 1, env  # one branch more
+                assert git_state(serving)[2].count("\n") == serving_state[2].count("\n") + 1, env  # one branch more
             elif env["command"] == "publish":
-                assert _git_state(serving) == serving_state, env
+                assert git_state(serving) == serving_state, env
             assert list((root / "tmp").iterdir()) == [], env
             if env["cwd"] == "deleted":
                 assert rc == 2, env

@@ -2,7 +2,6 @@
 SGLang 0.5.23 looks (its own path code), as identical bytes, merged with what SGLang tuned there
 before, and FlashInfer's loader accepts each file."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,52 +10,8 @@ from flashinfer.autotuner.autotuner import _collect_metadata
 
 from autotune.cli import main
 from autotune.adapters.flashinfer_cache import CacheEntry, write_cache
-from autotune.export.tactics import BLOCKLIST_FILE, CACHE_FILE
-from tests.adapters.test_flashinfer_cache import _sglang_path_function
-
-SM = 120
-
-
-def tuned_folder(tmp_path: Path, tactic=5) -> Path:
-    folder = tmp_path / "tuned" / "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
-    folder.mkdir(parents=True)
-    meta = {k: "*" for k in _collect_metadata()}
-    write_cache(folder / CACHE_FILE, [CacheEntry("fp4_gemm", "CutlassFp4GemmRunner", ((64, 2048),), tactic)], meta)
-    (folder / "backend_choice.json").write_text(json.dumps({"device": {"name": "NVIDIA RTX PRO 6000", "sm": SM}}))
-    (folder / "server_args.yaml").write_text("moe-runner-backend: flashinfer_cutlass\n")
-    (folder / BLOCKLIST_FILE).write_text('{"_metadata": {}, "invalid_tactics": {}}')
-    return folder
-
-
-def model_folder(tmp_path: Path) -> Path:
-    out = tmp_path / "model"
-    assert main(["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--layers", "4", "--out", str(out)]) == 0
-    cfg = json.loads((out / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
-
-
-def sglang_path(cache_dir, model, tp_rank, tp=2, runner="flashinfer_cutlass", dtype=torch.bfloat16,
-                quantization="modelopt_fp4"):
-    """SGLang 0.5.23's own flashinfer_autotune_cache_path for this server."""
-    from types import SimpleNamespace
-
-    from transformers import AutoConfig
-
-    ns = _sglang_path_function()
-    parallel = SimpleNamespace(tp_size=tp, pp_size=1, attn_dp_size=1, moe_ep_size=1, tp_rank=tp_rank, pp_rank=0,
-                               dp_rank=None)
-    ns.update(torch=SimpleNamespace(cuda=SimpleNamespace(get_device_capability=lambda device: divmod(SM, 10))),
-              envs=SimpleNamespace(SGLANG_CACHE_DIR=SimpleNamespace(get=lambda: str(cache_dir))),
-              get_model=lambda: SimpleNamespace(model_path=str(model), quantization=quantization),
-              get_exec=lambda: SimpleNamespace(moe=SimpleNamespace(moe_runner_backend=runner),
-                                               kernel=SimpleNamespace(flashinfer_autotune_skip_ops=[])),
-              get_parallel=lambda: parallel)
-    mr = SimpleNamespace(device="cuda", dtype=dtype, is_draft_worker=False,
-                         model_config=SimpleNamespace(hf_config=AutoConfig.from_pretrained(str(model)),
-                                                      quantization=quantization))
-    return ns["flashinfer_autotune_cache_path"](mr)
+from autotune.export.tactics import CACHE_FILE
+from tests.fakes.flashinfer_folders import model_folder, sglang_path, tuned_folder
 
 
 def test_every_rank_gets_the_same_file_where_sglang_reads_it(tmp_path, capsys):

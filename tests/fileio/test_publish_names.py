@@ -12,7 +12,7 @@ import pytest
 from autotune.cli import main
 from autotune.fileio.writing import Outside, listed
 from tests.conftest import GRID, ROOT
-from tests.publish.test_publish import DEV, UP, git, tuned
+from tests.fakes.tuned_folders import DEV, UP, git, tuned
 
 H200 = ROOT / "tuned_configs/NVIDIA_H200"
 H200_UP = "E=512,N=128,device_name=NVIDIA_H200.json"

@@ -219,7 +219,7 @@ def test_rank_model_refuses_a_users_model_folder_and_replaces_its_own(tmp_path, 
 
 
 def test_install_refuses_a_users_rank_file_and_a_cache_dir_that_is_a_file(tmp_path, capsys):
-    from tests.export.test_flashinfer_install import model_folder, sglang_path, tuned_folder
+    from tests.fakes.flashinfer_folders import model_folder, sglang_path, tuned_folder
 
     folder, model = tuned_folder(tmp_path), model_folder(tmp_path)
     cache = tmp_path / "cache"
@@ -234,7 +234,7 @@ def test_install_refuses_a_users_rank_file_and_a_cache_dir_that_is_a_file(tmp_pa
 
 
 def test_install_refuses_an_sglang_cache_dir_that_is_a_file(tmp_path, capsys, monkeypatch):
-    from tests.export.test_flashinfer_install import model_folder, tuned_folder
+    from tests.fakes.flashinfer_folders import model_folder, tuned_folder
 
     folder, model = tuned_folder(tmp_path), model_folder(tmp_path)
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(_user(tmp_path / "not-a-folder")))
@@ -244,7 +244,7 @@ def test_install_refuses_an_sglang_cache_dir_that_is_a_file(tmp_path, capsys, mo
 
 
 def test_validate_refuses_a_users_report_before_any_run(tmp_path, capsys):
-    from tests.publish.test_publish import tuned
+    from tests.fakes.tuned_folders import tuned
 
     configs = tuned(tmp_path, "tuned", {1: 10.0})
     out = tmp_path / "report"
@@ -256,7 +256,7 @@ def test_validate_refuses_a_users_report_before_any_run(tmp_path, capsys):
 
 
 def test_publish_refuses_a_file_the_serving_repo_did_not_get_from_autotune(tmp_path, capsys):
-    from tests.publish.test_publish import tuned
+    from tests.fakes.tuned_folders import tuned
 
     src = tuned(tmp_path, "tuned", {1: 10.0})
     repo = tmp_path / "serving"

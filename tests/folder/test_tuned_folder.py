@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.repo.test_layers import PACKAGE, modules
+from tests.fakes.import_graph import PACKAGE, modules
 
 HANDLE = "autotune.folder.tuned"
 FILE = "provenance.json"

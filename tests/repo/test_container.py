@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.conftest import GRID, ROOT, wait_for_trials
-from tests.repo.test_readme_main_job import assert_as_recorded, main_job, outputs
+from tests.fakes.main_job import assert_as_recorded, main_job, outputs
 
 pytestmark = pytest.mark.container
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.repo.test_layers import PACKAGE, TIERS
+from tests.fakes.import_graph import PACKAGE, TIERS
 
 DESIGN = PACKAGE.parent / "docs" / "DESIGN.md"
 

@@ -6,7 +6,6 @@ The cases that need a process of their own (signals, a storage server, concurren
 tests/run/test_shared_study.py; docs/RELIABILITY.md names the test of every case, and the last test
 here checks that the table and the tests agree."""
 import gzip
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -15,9 +14,9 @@ import pytest
 
 from autotune.cli import main
 from tests.conftest import GRID, ROOT
+from tests.fakes.command_lines import EXPORT, small_run, without, worked_storage, write_file
+from tests.fakes.tuned_folders import file_hashes, git_state, serving_repo
 
-RUN = ["run", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--kernels", "triton_moe",
-       "--quiet"]
 FULL_SPACE = (ROOT / "search_spaces/triton_moe.yaml").read_text()
 RUNS_023 = ROOT / "benchmarks/data/h200_sglang023_arms_2026-12-02.tgz"     # SGLang 0.5.23's arms on the H200
 
@@ -33,108 +32,76 @@ def _gz(path: Path, text: str) -> Path:
     return path
 
 
-def _run(t, *extra, replay=True, bs="8"):
-    """A replay run of one problem at one batch size, 6 trials a study: what each case refuses or writes
-    is the same at any budget (the default budget's 40 cost a case up to 30 s on a loaded machine)."""
-    trials = [] if "--trials" in extra else ["--trials", "6"]
-    return [*RUN, *trials, "--out", str(t / "out"), "--storage", f"sqlite:///{t / 'a.db'}",
-            *(["--replay", str(GRID)] if replay else []), *(["--batch-sizes", bs] if bs else []), *extra]
-
-
 def _kernels(argv: list, kernels: str) -> list:
     """`argv` with --kernels KERNELS in place of its own (a flag given twice is refused)."""
     i = argv.index("--kernels")
     return [*argv[:i + 1], kernels, *argv[i + 2:]]
 
 
-def _without(argv: list, *flags) -> list:
-    """`argv` less each of `flags` and its value."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        else:
-            out.append(a)
-    return out
-
-
 def _tuned(t, corrupt=None):
     """A tuned folder as `run` + `validate --gate` leave it, one of its JSON files then cut short."""
-    from tests.publish.test_publish import tuned
+    from tests.fakes.tuned_folders import tuned
     folder = tuned(t, "tuned", {1: 10.0})
     if corrupt:
         (folder / corrupt).write_text('{"files": {')
     return folder
 
 
-def _serving(t):
-    import subprocess
-    repo = t / "serving"
-    repo.mkdir()
-    (repo / "README").write_text("deploy repo\n")
-    for cmd in (["init", "-q", "-b", "main"], ["add", "README"],
-                ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init"]):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True, capture_output=True)
-    return repo
-
-
 # id -> (argv from the temp folder (which it may fill with the bad input), exit code, what the line says)
 CASES = {
-    "record-not-a-cache": (lambda t: _run(t, "--record", _write(t / "notes.txt", "my notes\n")),
+    "record-not-a-cache": (lambda t: small_run(t, "--record", write_file(t / "notes.txt", "my notes\n")),
                            2, "refusing to overwrite it"),
-    "record-other-gpu": (lambda t: _run(t, "--record", str(_gz(t / "b200.jsonl.gz", _cache_header()))),
+    "record-other-gpu": (lambda t: small_run(t, "--record", str(_gz(t / "b200.jsonl.gz", _cache_header()))),
                          2, "holds measurements of NVIDIA B200"),
-    "record-truncated": (lambda t: _run(t, "--record", _cut(GRID, t / "cut.jsonl.gz")), 2, "refusing to overwrite it"),
-    "config-json-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", "[1, 2]")],
+    "record-truncated": (lambda t: small_run(t, "--record", _cut(GRID, t / "cut.jsonl.gz")), 2, "refusing to overwrite it"),
+    "config-json-list": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", "[1, 2]")],
                          2, "holds a list, not a JSON object"),
-    "config-json-binary": (lambda t: ["shapes", "--model-config", _write(t / "config.json", b"\x89PNG\x00\xff")],
+    "config-json-binary": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", b"\x89PNG\x00\xff")],
                            2, "config.json"),
-    "replay-truncated": (lambda t: _run(t, replay=False) + ["--replay", _cut(GRID, t / "cut.jsonl.gz")], 2, "cut.jsonl.gz"),
-    "replay-empty-name": (lambda t: _run(t, replay=False) + ["--replay", f"{GRID},"], 2, "empty name"),
-    "replay-missing": (lambda t: _run(t, replay=False) + ["--replay", str(t / "nothing.jsonl.gz")], 2, "nothing.jsonl.gz"),
-    "space-unknown-key": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "replay-truncated": (lambda t: small_run(t, replay=False) + ["--replay", _cut(GRID, t / "cut.jsonl.gz")], 2, "cut.jsonl.gz"),
+    "replay-empty-name": (lambda t: small_run(t, replay=False) + ["--replay", f"{GRID},"], 2, "empty name"),
+    "replay-missing": (lambda t: small_run(t, replay=False) + ["--replay", str(t / "nothing.jsonl.gz")], 2, "nothing.jsonl.gz"),
+    "space-unknown-key": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "  num_warps:", "  BLOCK_SIZE_Q: [1]\n  num_warps:"))), 2, "unknown parameter(s) ['BLOCK_SIZE_Q']"),
-    "space-not-integer": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-not-integer": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "BLOCK_SIZE_M: [16,", "BLOCK_SIZE_M: [sixteen,"))), 2, "BLOCK_SIZE_M must hold positive integers"),
-    "space-missing-key": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", re.sub(
+    "space-missing-key": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", re.sub(
         r"  GROUP_SIZE_M: .*\n", "", FULL_SPACE))), 2, "no ladder for ['GROUP_SIZE_M']"),
-    "space-nothing-runs": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", (
+    "space-nothing-runs": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", (
         "family: triton_moe\nparams:\n  BLOCK_SIZE_M: [256]\n  BLOCK_SIZE_N: [256]\n  BLOCK_SIZE_K: [256]\n"
         "  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [5]\n"))), 2, "no gate_up config of it runs on NVIDIA H200"),
-    "batch-sizes-repeated": (lambda t: _run(t, bs="1,1,8,8"), 2, "lists a value twice"),
-    "batch-size-absurd": (lambda t: _run(t, bs="100000000"), 2, "100000000 is above 131072"),
-    "batch-size-not-recorded": (lambda t: _run(t, bs="3"), 2, "the replay recorded none of batch sizes 3"),
-    "neighbours-negative": (lambda t: _run(t, "--neighbours", "-1"), 2, "--neighbours must be at least 0"),
-    "workers-zero": (lambda t: _run(t, "--workers", "0"), 2, "--workers must be at least 1"),
-    "trials-zero": (lambda t: _run(t, "--trials", "0"), 2, "--trials must be at least 1"),
-    "budget-unreadable": (lambda t: _run(t, "--budget", "soon"), 2, "--budget"),
-    "kernel-unknown": (lambda t: _kernels(_run(t), "fp3_gemm"), 2, "unknown kernel family 'fp3_gemm'"),
-    "out-is-a-file": (lambda t: [*_run(t)[:-8], "--out", _write(t / "f", "x"), "--storage", f"sqlite:///{t}/a.db",
+    "batch-sizes-repeated": (lambda t: small_run(t, bs="1,1,8,8"), 2, "lists a value twice"),
+    "batch-size-absurd": (lambda t: small_run(t, bs="100000000"), 2, "100000000 is above 131072"),
+    "batch-size-not-recorded": (lambda t: small_run(t, bs="3"), 2, "the replay recorded none of batch sizes 3"),
+    "neighbours-negative": (lambda t: small_run(t, "--neighbours", "-1"), 2, "--neighbours must be at least 0"),
+    "workers-zero": (lambda t: small_run(t, "--workers", "0"), 2, "--workers must be at least 1"),
+    "trials-zero": (lambda t: small_run(t, "--trials", "0"), 2, "--trials must be at least 1"),
+    "budget-unreadable": (lambda t: small_run(t, "--budget", "soon"), 2, "--budget"),
+    "kernel-unknown": (lambda t: _kernels(small_run(t), "fp3_gemm"), 2, "unknown kernel family 'fp3_gemm'"),
+    "out-is-a-file": (lambda t: [*small_run(t)[:-8], "--out", write_file(t / "f", "x"), "--storage", f"sqlite:///{t}/a.db",
                                  "--replay", str(GRID), "--batch-sizes", "8"], 2, "is not writable"),
-    "json-is-a-folder": (lambda t: _run(t, "--json", str(t)), 2, "is a folder"),
-    "no-gpu-no-replay": (lambda t: _run(t, replay=False), 2, "no GPU visible and no --replay"),
-    "sglang-version-unknown": (lambda t: _run(t, "--sglang-version", "0.4.0"), 2, "0.4.0"),
-    "storage-not-a-database": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
-                                          f"sqlite:///{_write(t / 'x.db', 'not a database')}", "--replay", str(GRID),
+    "json-is-a-folder": (lambda t: small_run(t, "--json", str(t)), 2, "is a folder"),
+    "no-gpu-no-replay": (lambda t: small_run(t, replay=False), 2, "no GPU visible and no --replay"),
+    "sglang-version-unknown": (lambda t: small_run(t, "--sglang-version", "0.4.0"), 2, "0.4.0"),
+    "storage-not-a-database": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
+                                          f"sqlite:///{write_file(t / 'x.db', 'not a database')}", "--replay", str(GRID),
                                           "--batch-sizes", "8"], 2, "x.db"),
-    "publish-validation-malformed": (lambda t: ["publish", "--to", str(_serving(t)), "--from",
+    "publish-validation-malformed": (lambda t: ["publish", "--to", str(serving_repo(t)), "--from",
                                                 str(_tuned(t, "validation.json"))], 2, "validation.json"),
-    "publish-provenance-malformed": (lambda t: ["publish", "--to", str(_serving(t)), "--from",
+    "publish-provenance-malformed": (lambda t: ["publish", "--to", str(serving_repo(t)), "--from",
                                                 str(_tuned(t, "provenance.json"))], 2, "provenance.json"),
-    "publish-path-is-a-file": (lambda t: ["publish", "--to", str(_serving(t)), "--from", str(_tuned(t)),
+    "publish-path-is-a-file": (lambda t: ["publish", "--to", str(serving_repo(t)), "--from", str(_tuned(t)),
                                           "--path", "README"], 2, "README"),
-    "merge-choices-out-is-a-file": (lambda t: ["merge-choices", str(_tuned(t)), "--out", _write(t / "f", "x")],
+    "merge-choices-out-is-a-file": (lambda t: ["merge-choices", str(_tuned(t)), "--out", write_file(t / "f", "x")],
                                     2, "is a file"),
     "check-no-provenance": (lambda t: ["check", str(_dir(t / "empty"))], 2, "provenance.json"),
     "model-unknown": (lambda t: ["shapes", "--model", "qwen9-huge"], 2, "unknown model preset"),
     "shape-family-unknown": (lambda t: ["shapes", "--shapes", "llama"], 2, "unknown shape family"),
     "tp-not-dividing": (lambda t: ["shapes", "--model", "qwen3.5-35b-a3b", "--tp", "3"], 2, "does not divide"),
     "dtype-unknown": (lambda t: ["shapes", "--dtype", "fp4"], 2, "unknown dtype"),
-    "config-no-moe-fields": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-no-moe-fields": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {"hidden_size": 4096, "intermediate_size": 11008}))], 2, "no MoE fields"),
-    "skip-backend-unknown": (lambda t: _kernels(_run(t, bs=None)[:-6], "moe_bf16") + [
+    "skip-backend-unknown": (lambda t: _kernels(small_run(t, bs=None)[:-6], "moe_bf16") + [
         "--replay", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz"),
         "--skip-backends", "flashinfer_cutlas"], 2, "unknown backend 'flashinfer_cutlas'"),
     "rank-model-tp-does-not-split": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "3", "--out",
@@ -148,159 +115,159 @@ CASES = {
                                             "--configs", str(_tuned(t))], 2, "has no config.json"),
     "validate-empty-configs": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(_model(t / "model")),
                                           "--configs", str(_dir(t / "empty"))], 2, "holds nothing SGLang would load"),
-    "warm-start-other-family": (lambda t: _run(t, "--warm-start", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz")),
+    "warm-start-other-family": (lambda t: small_run(t, "--warm-start", str(ROOT / "benchmarks/data/h200_backends_2026-12-01.jsonl.gz")),
                                 2, "holds no triton_moe measurements to start from"),
-    "warm-start-missing": (lambda t: _run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
-    "only-drifted-no-provenance": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))),
+    "warm-start-missing": (lambda t: small_run(t, "--warm-start", str(t / "nothing.jsonl.gz")), 2, "nothing.jsonl.gz"),
+    "only-drifted-no-provenance": (lambda t: without(small_run(t, "--only-drifted", str(_dir(t / "folder"))),
                                                       "--model", "--tp", "--dtype", "--batch-sizes"), 2,
                                    "--only-drifted: "),
-    "storage-read-only": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+    "storage-read-only": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                      f"sqlite:///file:{_sqlite_db(t / 'ro.db')}?mode=ro&uri=true", "--replay", str(GRID),
                                      "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
-    "storage-read-only-studies": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+    "storage-read-only-studies": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                              f"sqlite:///file:{_optuna_db(t / 'ro.db')}?mode=ro&uri=true", "--replay",
                                              str(GRID), "--batch-sizes", "8"], 2, "is read-only (mode=ro): it cannot hold a run"),
     # issue 23: inputs none of the rows above named, each now refused by construction
-    "config-text-config-list": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-text-config-list": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {"text_config": [1, 2]}))], 2, "text_config holds a list, not a JSON object"),
-    "config-layers-not-an-integer": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-layers-not-an-integer": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "num_hidden_layers": "sixty"}))], 2, "num_hidden_layers = 'sixty'"),
-    "config-experts-bool": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-experts-bool": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "num_experts": True}))], 2, "num_experts = True"),
-    "config-top-k-above-experts": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-top-k-above-experts": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "num_experts_per_tok": 200}))], 2, "top_k 200 is above the number of experts 128"),
     "target-sm-unknown": (lambda t: ["shapes", "--target-sm", "75"], 2, "--target-sm must be a known compute capability"),
-    "space-is-a-folder": (lambda t: _run(t, "--search-space", str(_dir(t / "spaces"))), 2, "is a folder"),
+    "space-is-a-folder": (lambda t: small_run(t, "--search-space", str(_dir(t / "spaces"))), 2, "is a folder"),
     "rank-model-out-is-a-file": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out",
-                                            _write(t / "f", "x")], 2, "is a file"),
+                                            write_file(t / "f", "x")], 2, "is a file"),
     "rank-model-out-users-folder": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--out",
                                                str(_model(t / "mine"))], 2, "not a file autotune wrote"),
     "record-shard-unreadable": (lambda t: ["record", "--cache", str(t / "c.jsonl.gz"), "--shard", "abc"], 2,
                                 "--shard must look like i/n"),
     "record-shard-out-of-range": (lambda t: ["record", "--cache", str(t / "c.jsonl.gz"), "--shard", "3/2"], 2,
                                   "--shard must have 0 <= i < n"),
-    "merge-caches-out-users-file": (lambda t: ["merge-caches", str(GRID), "-o", _write(t / "notes.txt", "mine\n")], 2,
+    "merge-caches-out-users-file": (lambda t: ["merge-caches", str(GRID), "-o", write_file(t / "notes.txt", "mine\n")], 2,
                                     "not a file autotune wrote"),
     "compile-limits-out-users-json": (lambda t: ["compile-limits", "--target-sm", "120", "--model", "qwen3.5-35b-a3b",
-                                                 "--out", _write(t / "mine.json", "{}")], 2, "not a file autotune wrote"),
-    "device-name-over-users-file": (lambda t: _run(t, "--device-name", "NVIDIA H200 NVL") if _users_sku_file(t) else [],
+                                                 "--out", write_file(t / "mine.json", "{}")], 2, "not a file autotune wrote"),
+    "device-name-over-users-file": (lambda t: small_run(t, "--device-name", "NVIDIA H200 NVL") if _users_sku_file(t) else [],
                                     2, "not a file autotune wrote"),
-    "out-empty": (lambda t: _run(t, "--out", ""), 2, "--out must name a path"),
-    "timeout-negative": (lambda t: _run(t, "--timeout", "-1"), 2, "--timeout must be above 0"),
-    "skew-nan": (lambda t: _run(t, "--skew", "nan"), 2, "--skew must be a finite number"),
+    "out-empty": (lambda t: small_run(t, "--out", ""), 2, "--out must name a path"),
+    "timeout-negative": (lambda t: small_run(t, "--timeout", "-1"), 2, "--timeout must be above 0"),
+    "skew-nan": (lambda t: small_run(t, "--skew", "nan"), 2, "--skew must be a finite number"),
     "validate-min-effect-negative": (lambda t: ["validate", "--engine", "harness", "--model", "qwen3.5-35b-a3b",
                                                 "--min-effect", "-1"], 2, "--min-effect must be at least 0"),
-    "budget-no-unit": (lambda t: _run(t, "--budget", "20"), 2, "--budget has no unit in '20'"),
+    "budget-no-unit": (lambda t: small_run(t, "--budget", "20"), 2, "--budget has no unit in '20'"),
     "validate-engine-mix-up": (lambda t: ["validate", "--engine", "harness", "--configs", str(_dir(t / "empty"))],
                                2, "needs one of --model"),
     # issue 23, second sweep (at 260a431): refused by construction (autotune/fileio/reading.py, inputs.py, storage.py)
-    "config-nested-too-deep": (lambda t: ["shapes", "--model-config", _write(t / "config.json", _deep("{\"a\": ", "}"))],
+    "config-nested-too-deep": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", _deep("{\"a\": ", "}"))],
                                2, "is not valid JSON: nested too deeply to read"),
-    "space-nested-too-deep": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", "family: triton_moe\nparams: "
+    "space-nested-too-deep": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", "family: triton_moe\nparams: "
                                                                          + _deep("[", "]", 5000))),
                               2, "not valid YAML: nested too deeply to read"),
-    "replay-nested-too-deep": (lambda t: _run(t, replay=False) + ["--replay", str(_gz(t / "r.jsonl.gz", _header_of(GRID)
+    "replay-nested-too-deep": (lambda t: small_run(t, replay=False) + ["--replay", str(_gz(t / "r.jsonl.gz", _header_of(GRID)
                                                                                        + _deep("[", "]") + "\n"))],
                                2, "nested too deeply to read"),
-    "warm-start-nested-too-deep": (lambda t: _run(t, "--warm-start", str(_gz(t / "w.jsonl.gz", _header_of(GRID)
+    "warm-start-nested-too-deep": (lambda t: small_run(t, "--warm-start", str(_gz(t / "w.jsonl.gz", _header_of(GRID)
                                                                                + _deep("[", "]") + "\n"))),
                                    2, "--warm-start: "),
     "config-a-fifo": (lambda t: ["shapes", "--model-config", _fifo(t / "config.json")], 2, "is not a regular file"),
     "config-folder-holds-a-fifo": (lambda t: ["shapes", "--model-config", str(Path(_fifo(t / "config.json")).parent)],
                                    2, "is not a regular file"),
     "space-a-fifo": (lambda t: ["shapes", "--search-space", _fifo(t / "s.yaml")], 2, "is not a regular file"),
-    "replay-a-fifo": (lambda t: _run(t, replay=False) + ["--replay", _fifo(t / "r.jsonl.gz")], 2, "is not a regular file"),
-    "json-out-a-fifo": (lambda t: _run(t, "--json", _fifo(t / "summary.json")), 2, "is not a regular file"),
-    "json-out-dangling-link": (lambda t: _run(t, "--json", _link(t / "summary.json", t / "gone.json")), 2,
+    "replay-a-fifo": (lambda t: small_run(t, replay=False) + ["--replay", _fifo(t / "r.jsonl.gz")], 2, "is not a regular file"),
+    "json-out-a-fifo": (lambda t: small_run(t, "--json", _fifo(t / "summary.json")), 2, "is not a regular file"),
+    "json-out-dangling-link": (lambda t: small_run(t, "--json", _link(t / "summary.json", t / "gone.json")), 2,
                                "which does not exist: not replaced"),
-    "space-ladder-of-lists": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-ladder-of-lists": (lambda t: ["shapes", "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "num_warps: [4, 8]", "num_warps: [[4], 8]"))], 2, "a ladder holds numbers or true/false, got [4]"),
-    "space-ladder-of-mappings": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-ladder-of-mappings": (lambda t: ["shapes", "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "num_warps: [4, 8]", "num_warps: [{a: 1}, 8]"))], 2, "a ladder holds numbers or true/false, got {'a': 1}"),
-    "space-arch-misspelt": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-arch-misspelt": (lambda t: ["shapes", "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "  sm120:", "  sm_120:"))], 2, "arch.sm_120 is not an architecture section"),
-    "space-arch-never-read": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-arch-never-read": (lambda t: ["shapes", "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "  sm120:", "  sm121:"))], 2, "arch.sm121 is never read: SM121 devices read section sm120"),
-    "space-gemm-misspelt": (lambda t: ["shapes", "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-gemm-misspelt": (lambda t: ["shapes", "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "  gate_up:", "  gate_upp:"))], 2, "gemm_params names unknown GEMM(s) ['gate_upp']"),
     "validate-server-args-unbalanced-quote": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(t),
                                                          "--configs", str(t), "--server-args", '--x "0.85'],
                                               2, "--server-args is not a list of arguments (no closing quotation)"),
     "validate-python-missing": (lambda t: ["validate", "--engine", "sglang", "--model-path", str(t), "--configs", str(t),
                                            "--python", str(t / "nope" / "python")], 2, "--python must name an executable"),
-    "storage-foreign-tables": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+    "storage-foreign-tables": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                           f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}", "--replay", str(GRID),
                                           "--batch-sizes", "8"], 2, "holds tables that are not Optuna's (mine)"),
-    "storage-old-schema": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+    "storage-old-schema": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                       f"sqlite:///{_old_optuna_db(t / 'old.db')}", "--replay", str(GRID),
                                       "--batch-sizes", "8"], 2, "is an Optuna storage without its tables"),
     "export-storage-empty": (lambda t: [*EXPORT, "--storage", f"sqlite:///{t / 'none.db'}", "--out", str(t / "out")], 2,
                              "holds no studies (nothing was measured into it)"),
     "export-foreign-storage": (lambda t: [*EXPORT, "--storage", f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}",
                                           "--out", str(t / "out")], 2, "holds tables that are not Optuna's"),
-    "export-study-misspelt": (lambda t: [*EXPORT, "--storage", f"sqlite:///{_worked(t)}", "--study", "typo",
+    "export-study-misspelt": (lambda t: [*EXPORT, "--storage", f"sqlite:///{worked_storage(t)}", "--study", "typo",
                                          "--out", str(t / "out")], 2, "holds no run 'typo~replay' (it holds NVIDIA_H200~replay)"),
-    "export-problem-never-measured": (lambda t: [*EXPORT[:-2], "1", "--quiet", "--storage", f"sqlite:///{_worked(t)}",
+    "export-problem-never-measured": (lambda t: [*EXPORT[:-2], "1", "--quiet", "--storage", f"sqlite:///{worked_storage(t)}",
                                                  "--out", str(t / "out")], 2, "holds no studies of it; nothing exported"),
-    "export-study-partial": (lambda t: [*EXPORT, "--trials", "50", "--storage", f"sqlite:///{_worked(t)}",
+    "export-study-partial": (lambda t: [*EXPORT, "--trials", "50", "--storage", f"sqlite:///{worked_storage(t)}",
                                         "--out", str(t / "out")], 2, "study is partial (6 of 100 trials); nothing exported"),
-    "run-over-an-empty-tuned-file": (lambda t: _run(t) if _emptied_tuned_file(t) else [], 2,
+    "run-over-an-empty-tuned-file": (lambda t: small_run(t) if _emptied_tuned_file(t) else [], 2,
                                      "not valid JSON"),
-    "run-over-an-emptied-overlay-copy": (lambda t: _run(t) if _emptied_overlay_copy(t) else [], 2,
+    "run-over-an-emptied-overlay-copy": (lambda t: small_run(t) if _emptied_overlay_copy(t) else [], 2,
                                          "SGLang's shipped file copied here was changed since and not valid JSON"),
-    "warm-start-storage-missing": (lambda t: _run(t, "--warm-start", f"sqlite:///{t / 'missing.db'}"), 2,
+    "warm-start-storage-missing": (lambda t: small_run(t, "--warm-start", f"sqlite:///{t / 'missing.db'}"), 2,
                                    "missing.db holds no studies"),
-    "config-size-absurd": (lambda t: ["shapes", "--model-config", _write(t / "config.json", json.dumps(
+    "config-size-absurd": (lambda t: ["shapes", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "hidden_size": 10**30}))], 2, "hidden_size = 1000000000000000000000000000000: Input should be less than or equal to 1048576"),
-    "trials-absurd": (lambda t: _run(t, "--trials", "1" + "0" * 30), 2, "--trials must be at most 100000"),
-    "seed-absurd": (lambda t: _run(t, "--seed", str(2**32)), 2, "--seed must be at most 4294967295, got 4294967296"),
-    "timeout-absurd": (lambda t: _run(t, "--timeout", "1e300"), 2, "--timeout must be at most 2592000, got '1e300'"),
-    "routings-absurd": (lambda t: _run(t, "--routings", "1000000000"), 2, "--routings must be at most 1000"),
-    "skew-absurd": (lambda t: _run(t, "--skew", "1e300"), 2, "--skew must be at most 100, got '1e300'"),
-    "workers-absurd": (lambda t: _run(t, "--workers", "1000000"), 2, "--workers must be at most 240"),
-    "neighbours-absurd": (lambda t: _run(t, "--neighbours", "1000000"), 2, "--neighbours must be at most 64"),
+    "trials-absurd": (lambda t: small_run(t, "--trials", "1" + "0" * 30), 2, "--trials must be at most 100000"),
+    "seed-absurd": (lambda t: small_run(t, "--seed", str(2**32)), 2, "--seed must be at most 4294967295, got 4294967296"),
+    "timeout-absurd": (lambda t: small_run(t, "--timeout", "1e300"), 2, "--timeout must be at most 2592000, got '1e300'"),
+    "routings-absurd": (lambda t: small_run(t, "--routings", "1000000000"), 2, "--routings must be at most 1000"),
+    "skew-absurd": (lambda t: small_run(t, "--skew", "1e300"), 2, "--skew must be at most 100, got '1e300'"),
+    "workers-absurd": (lambda t: small_run(t, "--workers", "1000000"), 2, "--workers must be at most 240"),
+    "neighbours-absurd": (lambda t: small_run(t, "--neighbours", "1000000"), 2, "--neighbours must be at most 64"),
     "heartbeat-absurd": (lambda t: ["worker", "--storage", f"sqlite:///{t / 'w.db'}", "--heartbeat", "1" + "0" * 50],
                          2, "--heartbeat must be at most 3600, got 100000000000... (51 characters)"),
-    "replay-where-every-config-failed": (lambda t: _run(t, replay=False) + ["--replay", str(_all_failed(t))], 1,
+    "replay-where-every-config-failed": (lambda t: small_run(t, replay=False) + ["--replay", str(_all_failed(t))], 1,
                                          "no config of triton_moe ran correctly at any batch size: nothing written"),
-    "device-name-twice": (lambda t: _run(t, "--device-name", "NVIDIA H200 NVL", "--device-name", "NVIDIA H200 NVL"), 2,
+    "device-name-twice": (lambda t: small_run(t, "--device-name", "NVIDIA H200 NVL", "--device-name", "NVIDIA H200 NVL"), 2,
                           "--device-name 'NVIDIA H200 NVL' is given twice; each SKU is written once"),
-    "json-and-record-the-same-file": (lambda t: _run(t, "--record", str(t / "x.json"), "--json", str(t / "x.json")), 2,
+    "json-and-record-the-same-file": (lambda t: small_run(t, "--record", str(t / "x.json"), "--json", str(t / "x.json")), 2,
                                       "--json and --record name the same file"),
-    "record-is-the-storage": (lambda t: _run(t, "--record", str(t / "a.db")), 2,
+    "record-is-the-storage": (lambda t: small_run(t, "--record", str(t / "a.db")), 2,
                               "--record and --storage name the same file"),
-    "json-inside-the-tuned-folder": (lambda t: _run(t, "--json", str(t / "out/NVIDIA_H200/provenance.json")), 2,
+    "json-inside-the-tuned-folder": (lambda t: small_run(t, "--json", str(t / "out/NVIDIA_H200/provenance.json")), 2,
                                      "is inside the tuned folder"),
-    "record-under-a-file": (lambda t: _run(t, "--record", str(Path(_write(t / "f", "x")) / "rec.jsonl.gz")), 2,
+    "record-under-a-file": (lambda t: small_run(t, "--record", str(Path(write_file(t / "f", "x")) / "rec.jsonl.gz")), 2,
                             "f is a file, not a folder"),
-    "worker-log-a-users-file": (lambda t: _run(t, "--worker-log", _write(t / "notes.txt", "my notes\n")), 2,
+    "worker-log-a-users-file": (lambda t: small_run(t, "--worker-log", write_file(t / "notes.txt", "my notes\n")), 2,
                                 "notes.txt is not a file autotune wrote (--worker-log)"),
-    "worker-log-a-folder-under-replay": (lambda t: _run(t, "--worker-log", str(_dir(t / "logs"))), 2,
+    "worker-log-a-folder-under-replay": (lambda t: small_run(t, "--worker-log", str(_dir(t / "logs"))), 2,
                                          "logs: not a writable file"),
-    "replay-triton-version-a-path": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-triton-version-a-path": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d["versions"].update(triton="3.6.0/../../x")))], 2,
         "its header's device.versions.triton: '3.6.0/../../x' is not a Triton version"),
-    "batch-sizes-underscore": (lambda t: _run(t, bs="8_0"), 2, "--batch-sizes must be a comma-separated list of integers, got '8_0'"),
-    "batch-sizes-trailing-comma": (lambda t: _run(t, bs="8,"), 2, "--batch-sizes has an empty entry in '8,'"),
-    "count-other-digits": (lambda t: _run(t, "--trials", "\uff18"), 2, "--trials must be an integer"),
-    "replay-time-zero": (lambda t: _run(t, replay=False) + ["--replay", str(_records_changed(
+    "batch-sizes-underscore": (lambda t: small_run(t, bs="8_0"), 2, "--batch-sizes must be a comma-separated list of integers, got '8_0'"),
+    "batch-sizes-trailing-comma": (lambda t: small_run(t, bs="8,"), 2, "--batch-sizes has an empty entry in '8,'"),
+    "count-other-digits": (lambda t: small_run(t, "--trials", "\uff18"), 2, "--trials must be an integer"),
+    "replay-time-zero": (lambda t: small_run(t, replay=False) + ["--replay", str(_records_changed(
         t, lambda r: r.update(time_us=0.0) if r["status"] == "ok" and r["M"] == 8 else None))], 2,
         "an ok measurement's time_us must be above 0, got 0.0"),
-    "replay-spread-nan": (lambda t: _run(t, replay=False) + ["--replay", str(_records_changed(
+    "replay-spread-nan": (lambda t: small_run(t, replay=False) + ["--replay", str(_records_changed(
         t, lambda r: r.update(spread=float("nan")) if r["status"] == "ok" else None))], 2,
         "measurement spread must be a finite non-negative number, got nan"),
-    "kernels-only-commas": (lambda t: _kernels(_run(t), ","), 2, "--kernels names no kernel family (got ',')"),
-    "kernels-all-and-a-family": (lambda t: _kernels(_run(t), "all,triton_moe"), 2,
+    "kernels-only-commas": (lambda t: _kernels(small_run(t), ","), 2, "--kernels names no kernel family (got ',')"),
+    "kernels-all-and-a-family": (lambda t: _kernels(small_run(t), "all,triton_moe"), 2,
                                  "'all' is every family, on its own"),
-    "kernels-repeated": (lambda t: _kernels(_run(t), "triton_moe,triton_moe"), 2,
+    "kernels-repeated": (lambda t: _kernels(small_run(t), "triton_moe,triton_moe"), 2,
                          "--kernels lists triton_moe twice"),
-    "block-fp8-shape-sglang-refuses": (lambda t: ["run", "--model-config", _write(t / "config.json", json.dumps(
+    "block-fp8-shape-sglang-refuses": (lambda t: ["run", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "moe_intermediate_size": 100})), "--tp", "1", "--dtype", "fp8_w8a8_block", "--kernels",
         "triton_moe", "--dry-run", "--target-device", "NVIDIA H200"], 2,
         "SGLang refuses block-FP8 MoE weights whose intermediate size per rank (100) is not divisible"),
     "flag-value-a-lone-dashes": (lambda t: ["merge-choices", str(_dir(t / "src")), "--out=--"], 2,
                                  "--out must name a value, got '--'"),
-    "replay-realtime-absurd": (lambda t: _run(t, "--replay-realtime", "1e308"), 2, "--replay-realtime must be at most 100"),
+    "replay-realtime-absurd": (lambda t: small_run(t, "--replay-realtime", "1e308"), 2, "--replay-realtime must be at most 100"),
     "skip-backends-leaves-none-that-ran": (lambda t: [*_backends_run(t), "--skip-backends", "moe_bf16:triton"], 1,
                                            "no backend of moe_bf16 ran correctly at a measured batch size"),
     # issue 23, second sweep: the names a tuned folder gives publish (t/victim.json is where they reached)
@@ -347,45 +314,45 @@ CASES = {
                                           "--out", str(t / "rank")], 2, "--layers must be at least 1, got 0"),
     "rank-model-layers-negative": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--layers",
                                               "-3", "--out", str(t / "rank")], 2, "--layers must be at least 1, got -3"),
-    "rank-model-config-layers-above": (lambda t: ["rank-model", "--model-config", _write(t / "config.json", json.dumps(
+    "rank-model-config-layers-above": (lambda t: ["rank-model", "--model-config", write_file(t / "config.json", json.dumps(
         {**MOE_CONFIG, "num_attention_heads": 32, "num_key_value_heads": 4})), "--tp", "2", "--layers", "49", "--out",
         str(t / "rank")], 2, "--layers 49 is above the model's 48 layers (num_hidden_layers)"),
     "rank-model-tp-absurd": (lambda t: ["rank-model", "--model", "qwen3.5-397b-a17b", "--tp", "5000", "--out",
                                         str(t / "rank")], 2, "--tp must be at most 1024, got 5000"),
     # issue 37: inputs parsed by the library that owns their format
-    "storage-query-string-hid-the-file": (lambda t: [*_run(t)[:-8], "--out", str(t / "out"), "--storage",
+    "storage-query-string-hid-the-file": (lambda t: [*small_run(t)[:-8], "--out", str(t / "out"), "--storage",
                                                      f"sqlite:///{_sqlite_db(t / 'mine.db', table='mine')}?timeout=30",
                                                      "--replay", str(GRID), "--batch-sizes", "8"], 2,
                                           "mine.db?timeout=30 holds tables that are not Optuna's (mine)"),
-    "replay-header-no-versions": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-header-no-versions": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d.pop("versions")))], 2, "its header's device.versions: Field required"),
-    "replay-header-no-smem-optin": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-header-no-smem-optin": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d.pop("smem_optin")))], 2, "its header's device.smem_optin: Field required"),
-    "replay-header-triton-a-number": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-header-triton-a-number": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d["versions"].update(triton=3.6)))], 2, "its header's device.versions.triton: Input should be a valid string"),
-    "replay-header-name-newline": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-header-name-newline": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d.update(name="NVIDIA\nH200")))], 2, "its header's device.name: 'NVIDIA\\nH200' is not a plausible CUDA device name"),
-    "replay-header-name-tab": (lambda t: _run(t, replay=False) + ["--replay", str(_header_changed(
+    "replay-header-name-tab": (lambda t: small_run(t, replay=False) + ["--replay", str(_header_changed(
         t, lambda d: d.update(name="NVIDIA\tH200")))], 2, "its header's device.name: 'NVIDIA\\tH200' is not a plausible CUDA device name"),
-    "space-block-k-not-a-power-of-two": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-block-k-not-a-power-of-two": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "BLOCK_SIZE_K: [", "BLOCK_SIZE_K: [48, "))), 2, "BLOCK_SIZE_K must hold powers of two, got 48"),
-    "space-num-warps-three": (lambda t: _run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE.replace(
+    "space-num-warps-three": (lambda t: small_run(t, "--search-space", write_file(t / "s.yaml", FULL_SPACE.replace(
         "num_warps: [", "num_warps: [3, "))), 2, "num_warps must hold powers of two, got 3"),
     "model-and-model-config": (lambda t: ["shapes", "--model", "qwen3.5-35b-a3b", "--model-config",
-                                          _write(t / "config.json", json.dumps(MOE_CONFIG))], 2,
+                                          write_file(t / "config.json", json.dumps(MOE_CONFIG))], 2,
                                "--model and --model-config exclude each other: give one"),
-    "shapes-and-model": (lambda t: _run(t, "--shapes", "qwen3-next"), 2, "--model and --shapes exclude each other"),
-    "replay-given-twice": (lambda t: _run(t, "--replay", str(GRID)), 2,
+    "shapes-and-model": (lambda t: small_run(t, "--shapes", "qwen3-next"), 2, "--model and --shapes exclude each other"),
+    "replay-given-twice": (lambda t: small_run(t, "--replay", str(GRID)), 2,
                            "--replay is given twice: give it once (the second replaced the first)"),
     "dtype-empty": (lambda t: ["shapes", "--dtype", ""], 2, "--dtype has an empty entry in ''"),
     "model-empty": (lambda t: ["shapes", "--model", ""], 2, "--model must name a value, got ''"),
-    "replay-realtime-without-replay": (lambda t: _run(t, "--replay-realtime", "2", replay=False), 2,
+    "replay-realtime-without-replay": (lambda t: small_run(t, "--replay-realtime", "2", replay=False), 2,
                                        "--replay-realtime needs --replay (it paces a replay's answers)"),
-    "target-device-and-replay": (lambda t: _run(t, "--dry-run", "--target-device", "NVIDIA H200"), 2,
+    "target-device-and-replay": (lambda t: small_run(t, "--dry-run", "--target-device", "NVIDIA H200"), 2,
                                  "--target-device and --replay exclude each other (both name the device)"),
-    "only-drifted-and-tp": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))), "--model"), 2,
+    "only-drifted-and-tp": (lambda t: without(small_run(t, "--only-drifted", str(_dir(t / "folder"))), "--model"), 2,
                             "--only-drifted and --tp exclude each other"),
-    "only-drifted-and-model": (lambda t: _without(_run(t, "--only-drifted", str(_dir(t / "folder"))), "--tp", "--dtype",
+    "only-drifted-and-model": (lambda t: without(small_run(t, "--only-drifted", str(_dir(t / "folder"))), "--tp", "--dtype",
                                                   "--batch-sizes"), 2, "--model and --only-drifted exclude each other"),
     "check-no-retime-and-batch-sizes": (lambda t: ["check", str(ROOT / "tuned_configs/NVIDIA_H200"), "--no-retime",
                                                    "--batch-sizes", "8"], 2,
@@ -395,11 +362,11 @@ CASES = {
     "worker-gpu-and-gpus": (lambda t: ["worker", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16",
                                        "--replay", str(GRID), "--storage", f"sqlite:///{t / 'a.db'}", "--gpus", "0",
                                        "--gpu", "1"], 2, "--gpu is given with --gpus, which sets the same: give one"),
-    "gpus-listed-twice": (lambda t: _run(t, "--gpus", "0,0"), 2, "--gpus lists a GPU twice in '0,0'"),
-    "search-space-without-its-family": (lambda t: _kernels(_run(t, "--search-space", _write(t / "s.yaml", FULL_SPACE)),
+    "gpus-listed-twice": (lambda t: small_run(t, "--gpus", "0,0"), 2, "--gpus lists a GPU twice in '0,0'"),
+    "search-space-without-its-family": (lambda t: _kernels(small_run(t, "--search-space", write_file(t / "s.yaml", FULL_SPACE)),
                                                            "fp8_gemm"), 2,
                                         "--search-space is read by triton_moe, which --kernels fp8_gemm does not run"),
-    "checkpoint-of-a-family-not-run": (lambda t: _run(t, "--checkpoint", "moe_bf16"), 2,
+    "checkpoint-of-a-family-not-run": (lambda t: small_run(t, "--checkpoint", "moe_bf16"), 2,
                                        "--checkpoint moe_bf16 names a family --kernels triton_moe does not run"),
     "provenance-file-name-newline": (lambda t: _check_edited(t, lambda prov: prov["files"].update(
         {"E=512,N=128,device_name=NVIDIA_H200\n.json": prov["files"].popitem()[1]})), 2,
@@ -426,12 +393,12 @@ CASES = {
     "validate-from-runs-other-folder": (lambda t: ["validate", "--engine", "sglang", "--from-runs", str(RUNS_023),
                                                    "--configs", str(_committed_copy(t)), "--gate"], 2,
                                         "a tuned run did not load the tuned folder's files: one_batch_bf16_r1_tuned"),
-    "replay-same-recording-twice": (lambda t: _run(t, replay=False) + ["--replay", f"{GRID},{GRID.parent}/./{GRID.name}"],
+    "replay-same-recording-twice": (lambda t: small_run(t, replay=False) + ["--replay", f"{GRID},{GRID.parent}/./{GRID.name}"],
                                     2, "is named twice (also as"),
-    "record-other-triton": (lambda t: _run(t, "--record", str(_header_changed(
+    "record-other-triton": (lambda t: small_run(t, "--record", str(_header_changed(
         t, lambda d: d["versions"].update(triton="3.5.1")))), 2,
         "holds measurements made with triton 3.5.1, this run measures with triton 3.6.0"),
-    "record-other-sglang": (lambda t: _run(t, "--record", str(_header_changed(
+    "record-other-sglang": (lambda t: small_run(t, "--record", str(_header_changed(
         t, lambda d: d["versions"].update(sglang="0.5.16")))), 2,
         "holds measurements made with sglang 0.5.16, this run measures with sglang 0.5.23"),
 }
@@ -467,7 +434,7 @@ def _check_edited(t: Path, edit) -> list:
 def _install(t: Path, *extra, tp="2", server_args=None) -> list:
     """install of a tuned folder (FlashInfer tactics, moe-runner-backend flashinfer_cutlass) for a
     one-rank model folder of Qwen3.5-397B at TP8 (4 attention heads, 512 experts), into t/cache."""
-    from tests.export.test_flashinfer_install import model_folder, tuned_folder
+    from tests.fakes.flashinfer_folders import model_folder, tuned_folder
     folder, model = tuned_folder(t), model_folder(t)
     if server_args is not None:
         (folder / "server_args.yaml").write_text(server_args)
@@ -485,11 +452,11 @@ def _publish_edited(t: Path, edit) -> list:
     prov = json.loads((folder / "provenance.json").read_text())
     edit(folder, prov)
     (folder / "provenance.json").write_text(json.dumps(prov))
-    return ["publish", "--to", str(_serving(t)), "--from", str(folder)]
+    return ["publish", "--to", str(serving_repo(t)), "--from", str(folder)]
 
 
 def _up_file(folder: Path) -> Path:
-    from tests.publish.test_publish import UP
+    from tests.fakes.tuned_folders import UP
     return folder / "configs/triton_3_6_0" / UP
 
 
@@ -507,7 +474,7 @@ def _rename_up(name):
 
 def _no_backend_choices(folder: Path, prov: dict) -> None:
     """A backend_choice.json of no family: it used to be refused after the branch was made."""
-    from tests.publish.test_publish import DEV
+    from tests.fakes.tuned_folders import DEV
     (folder / "backend_choice.json").write_text(json.dumps({"device": DEV.to_dict(), "families": {}}))
 
 
@@ -550,20 +517,9 @@ def _old_optuna_db(path: Path) -> Path:
     return path
 
 
-EXPORT = ["export", "--model", "qwen3.5-397b-a17b", "--tp", "8", "--dtype", "bf16", "--replay", str(GRID),
-          "--batch-sizes", "8", "--quiet"]
-
-
-def _worked(t: Path) -> Path:
-    """A storage one worker searched (3 trials per study) for EXPORT's problem."""
-    db = t / "shared.db"
-    assert main(["worker", *EXPORT[1:-1], "--trials", "3", "--storage", f"sqlite:///{db}"]) == 0
-    return db
-
-
 def _emptied_tuned_file(t: Path) -> bool:
     """A run's tuned gate_up file, then emptied (a disk filled mid-copy by another tool, a hand edit)."""
-    assert main(_run(t)) == 0
+    assert main(small_run(t)) == 0
     prov = json.loads(next((t / "out").glob("*/provenance.json")).read_text())
     name = next(iter(prov["files"]))
     next((t / "out").glob(f"*/configs/*/{name}")).write_text("")
@@ -597,7 +553,7 @@ def _records_changed(t: Path, change) -> Path:
 
 def _emptied_overlay_copy(t: Path) -> bool:
     """A run's copy of one of SGLang's shipped files, then emptied (SGLang would fail loading the folder)."""
-    assert main(_run(t)) == 0
+    assert main(small_run(t)) == 0
     prov = json.loads(next((t / "out").glob("*/provenance.json")).read_text())
     rel = prov["shipped_overlay"]["files"][0]
     next((t / "out").glob("*/provenance.json")).parent.joinpath(rel).write_text("")
@@ -650,11 +606,6 @@ def _model(path: Path) -> Path:
     return path
 
 
-def _write(path: Path, content) -> str:
-    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
-    return str(path)
-
-
 def _dir(path: Path) -> Path:
     path.mkdir()
     return path
@@ -665,38 +616,22 @@ def _cut(src: Path, dst: Path) -> str:
     return str(dst)
 
 
-def _snapshot(root: Path) -> dict:
-    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_and_changes_nothing(tmp_path, capsys, case):
     argv_of, code, says = CASES[case]
     argv = argv_of(tmp_path)
-    before = _snapshot(tmp_path)
+    before = file_hashes(tmp_path)
     capsys.readouterr()
     rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == code, err
     assert len(err) == 1 and err[0].startswith("autotune: error: " if code == 2 else "autotune: ") and says in err[0], err
-    after = _snapshot(tmp_path)
+    after = file_hashes(tmp_path)
     assert {p: h for p, h in after.items() if p in before} == before       # nothing that existed changed
     assert not [p for p in after if p.suffix == ".json" and p not in before]   # no tuned file written
     assert code != 2 or not [p for p in after if p.suffix == ".db" and p not in before]   # no storage made
     if case == "no-gpu-no-replay":
         assert not (tmp_path / "out").exists()                              # not even an empty folder
-
-
-def _git_state(repo: Path) -> tuple:
-    """What a refused publish must leave as it was: the branch (or commit) checked out, every branch,
-    the index and working tree (new files, ignored ones too), and every file's content."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout
-    return (git("symbolic-ref", "-q", "HEAD"), git("rev-parse", "HEAD"), git("branch", "--list", "-v"),
-            git("status", "--porcelain", "--ignored", "--untracked-files=all"),
-            {p: h for p, h in _snapshot(repo).items() if ".git" not in p.relative_to(repo).parts})
 
 
 PUBLISH_CASES = [c for c in CASES if c.startswith("publish-")]
@@ -706,13 +641,13 @@ PUBLISH_CASES = [c for c in CASES if c.startswith("publish-")]
 def test_a_refused_publish_leaves_the_serving_repo_as_it_was(tmp_path, capsys, case):
     argv_of, code, says = CASES[case]
     argv = argv_of(tmp_path)
-    repo, before = tmp_path / "serving", _snapshot(tmp_path)
-    state = _git_state(repo)
+    repo, before = tmp_path / "serving", file_hashes(tmp_path)
+    state = git_state(repo)
     assert main(argv) == code
     assert says in capsys.readouterr().err
-    assert _git_state(repo) == state
+    assert git_state(repo) == state
     outside = {p: h for p, h in before.items() if repo not in p.parents}
-    assert {p: h for p, h in _snapshot(tmp_path).items() if repo not in p.parents} == outside
+    assert {p: h for p, h in file_hashes(tmp_path).items() if repo not in p.parents} == outside
 
 
 def _refuse_commits(repo: Path) -> None:
@@ -738,14 +673,14 @@ def test_a_publish_that_fails_after_its_branch_is_made_puts_the_repo_back(tmp_pa
     """The serving repo already holds an earlier publish (merged into main), so the second one
     changes tracked files and adds new ones before it fails: every one is put back, the branch too."""
     import subprocess
-    from tests.publish.test_publish import tuned
+    from tests.fakes.tuned_folders import tuned
 
-    repo = _serving(tmp_path)
+    repo = serving_repo(tmp_path)
     assert main(["publish", "--to", str(repo), "--from", str(tuned(tmp_path, "first", {1: 10.0})), "--branch", "t1"]) == 0
     for args in (["checkout", "-q", "main"], ["merge", "-q", "t1"]):
         subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
     src = tuned(tmp_path, "second", {1: 5.0, 64: 50.0})       # faster at M=1, and a new M
-    state = _git_state(repo)
+    state = git_state(repo)
     capsys.readouterr()
     if failure == "commit-hook":
         _refuse_commits(repo)
@@ -758,7 +693,7 @@ def test_a_publish_that_fails_after_its_branch_is_made_puts_the_repo_back(tmp_pa
         with pytest.raises(KeyboardInterrupt):
             from autotune.publish import publish
             publish(src, str(repo), "t2")
-    assert _git_state(repo) == state
+    assert git_state(repo) == state
 
 
 def _doc_rows() -> dict[str, list[str]]:
@@ -804,18 +739,18 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
 
 def test_an_unwritable_worker_log_is_one_line_before_any_worker_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_CPU_INTERPRETER", "1")        # a measuring pool without a GPU
-    before = _snapshot(tmp_path)
-    rc = main([*_run(tmp_path, replay=False), "--worker-log", str(tmp_path / "no/such/dir/w.log")])
+    before = file_hashes(tmp_path)
+    rc = main([*small_run(tmp_path, replay=False), "--worker-log", str(tmp_path / "no/such/dir/w.log")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--worker-log" in err[0] and "not a writable file" in err[0], err
-    assert _snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+    assert file_hashes(tmp_path) == before and not (tmp_path / "out").exists()
 
 
 def test_a_recording_is_read_whatever_its_name(tmp_path, capsys):
     """merge-caches writes gzip under any name; --replay reads it by its bytes, not its suffix."""
     assert main(["merge-caches", str(GRID), "-o", str(tmp_path / "m.txt")]) == 0
     assert (tmp_path / "m.txt").read_bytes()[:2] == b"\x1f\x8b"
-    assert main(_run(tmp_path, replay=False) + ["--replay", str(tmp_path / "m.txt")]) == 0
+    assert main(small_run(tmp_path, replay=False) + ["--replay", str(tmp_path / "m.txt")]) == 0
     assert list((tmp_path / "out").glob("*/configs/*/*.json"))
 
 
@@ -825,7 +760,7 @@ def test_a_recording_is_read_whatever_its_name(tmp_path, capsys):
 def test_a_storage_password_is_never_printed(tmp_path, capsys, url):
     """A password holding '@' or '/', or given as a query parameter, was printed (whole, or the part
     the driver's error quoted)."""
-    assert main(_run(tmp_path)[:-8] + ["--out", str(tmp_path / "out"), "--storage", url,
+    assert main(small_run(tmp_path)[:-8] + ["--out", str(tmp_path / "out"), "--storage", url,
                                       "--replay", str(GRID), "--batch-sizes", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("autotune: error:") == 1 and "postgresql://bob" in err, err
@@ -837,9 +772,9 @@ def test_a_cache_home_that_is_a_file_is_one_line_before_any_import(tmp_path, cap
     """HOME naming a file was a NotADirectoryError traceback from inside torch's import."""
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    monkeypatch.setenv(var, _write(tmp_path / "file", "x") + ("" if var == "HOME" else "/cache"))
-    before = _snapshot(tmp_path)
-    assert main(_run(tmp_path)) == 2
+    monkeypatch.setenv(var, write_file(tmp_path / "file", "x") + ("" if var == "HOME" else "/cache"))
+    before = file_hashes(tmp_path)
+    assert main(small_run(tmp_path)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"autotune: error: {var}=") and "is a file" in err[0], err
-    assert _snapshot(tmp_path) == before
+    assert file_hashes(tmp_path) == before

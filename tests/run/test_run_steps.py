@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 from autotune.cli import main
-from tests.repo.test_layers import PACKAGE, read_graph
-from tests.repo.test_reliability import _run, _snapshot, _without, _write
+from tests.fakes.command_lines import small_run, without, write_file
+from tests.fakes.import_graph import PACKAGE, read_graph
+from tests.fakes.tuned_folders import file_hashes
 
 # id -> (the flags a step's check refuses, what the one line says); each step's (or sink's) own check
 REFUSED = {
-    "summary: --json not ours": (lambda t: ["--json", _write(t / "notes.json", "my notes\n")],
+    "summary: --json not ours": (lambda t: ["--json", write_file(t / "notes.json", "my notes\n")],
                                  "is not a file autotune wrote"),
-    "record: --record not a cache": (lambda t: ["--record", _write(t / "notes.txt", "my notes\n")],
+    "record: --record not a cache": (lambda t: ["--record", write_file(t / "notes.txt", "my notes\n")],
                                      "refusing to overwrite it"),
     "tuned folder: --out under a file": (lambda t: ["--out", str(_write_path(t / "f") / "out")], "is a file"),
     "tuned folder: --record is the storage": (lambda t: ["--record", str(t / "a.db")], "name the same file"),
@@ -22,7 +23,7 @@ REFUSED = {
 
 
 def _write_path(path):
-    _write(path, "x")
+    write_file(path, "x")
     return path
 
 
@@ -37,13 +38,13 @@ def test_a_refused_check_starts_no_worker_and_changes_nothing(tmp_path, monkeypa
     monkeypatch.setenv("AUTOTUNE_CPU_INTERPRETER", "1")
     flags, says = REFUSED[case]
     extra = flags(tmp_path)
-    argv = [*_without(_run(tmp_path, replay=False), *extra[::2]), *extra]
-    before = _snapshot(tmp_path)
+    argv = [*without(small_run(tmp_path, replay=False), *extra[::2]), *extra]
+    before = file_hashes(tmp_path)
     rc = main(argv)
     out, err = capsys.readouterr()
     assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
     assert started == [] and "worker output" not in out
-    assert _snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+    assert file_hashes(tmp_path) == before and not (tmp_path / "out").exists()
 
 
 def test_no_step_imports_the_pipeline_or_the_opening():
@@ -92,12 +93,12 @@ def test_a_step_moved_before_what_it_needs_is_refused_before_any_step_runs(tmp_p
     for cls in {type(s) for s in wrong}:
         for name in ("check", "run"):
             monkeypatch.setattr(cls, name, lambda self, ctx, name=name: called.append((type(self).__name__, name)))
-    before = _snapshot(tmp_path)
+    before = file_hashes(tmp_path)
     rc = main(_run_argv(tmp_path))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "RunLock needs storage" in err[0] and "ClaimStorage does, after it" in err[0], err
-    assert called == [] and _snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+    assert called == [] and file_hashes(tmp_path) == before and not (tmp_path / "out").exists()
 
 
 def test_the_commands_steps_are_in_an_order_that_gives_each_what_it_needs():

@@ -12,7 +12,7 @@ from autotune.search.finalists import Choice, Finalist, Scored
 from autotune.search.policy import PolicySampler
 from autotune.measure.records import OK, Measurement, config_key
 from autotune.store.storage import Store
-from tests.repo.test_readme_main_job import storage_rows
+from tests.fakes.main_job import storage_rows
 
 DISTS = {"a": IntDistribution(0, 9), "b": IntDistribution(0, 9), "c": IntDistribution(0, 9)}
 
