@@ -98,9 +98,9 @@ class SearchPolicy:
         """The parameters the next ask must take (None: TPE's draw; False: nothing left to ask).
         Nothing is given on top of a queued trial (an interrupted trial re-asked on resume, a dead
         process's re-queued trial, a seed): the queue is popped first and the path must not fork."""
-        t, study = self.tuner, slot.study
+        t = self.tuner
         space, s = t.spaces[slot.gemm], t.settings
-        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        if t.store.has_queued((slot.gemm, slot.M)):
             return None
         partner = [g for g in t.family.gemms if g != slot.gemm]
         coupled = getattr(t.family, "coupled", None)

@@ -301,13 +301,13 @@ class ProblemTuner:
             for name, per_gemm in self.baselines.get(M, {}).items():
                 idx = space.indices_of(per_gemm[gemm])
                 if idx is not None:
-                    slot.study.enqueue_trial(idx, skip_if_exists=True)
+                    self.store.enqueue((gemm, M), idx)
             for cfg in (self.settings.warm_start.configs(self.problem, gemm, M)
                         if self.settings.warm_start is not None else ()):
                 cfg = fit(cfg, space)
                 if (cfg is not None and self.family.check(cfg, self.problem, gemm, self.device) is None
                         and self.family.unwritable(cfg, gemm, self.device) is None):
-                    slot.study.enqueue_trial(space.indices_of(cfg), skip_if_exists=True)
+                    self.store.enqueue((gemm, M), space.indices_of(cfg))
                     self.warm_queued += 1
 
     def _ask(self, slot: Slot):

@@ -277,6 +277,7 @@ class Store:
         self.indexed: dict = {key: set() for key in dists}  # trial numbers already read
         self.running: dict = {}      # trial_id -> study: ours, given heartbeats while measured
         self._adopted: set = set()   # other processes' trial ids given a heartbeat (see adopt)
+        self._none_queued: set = set()   # (part, M) whose unshared study this process read holding no WAITING
 
     def open(self, key, name: str):
         """The study of (part, M), created on first use (read where it exists: asking to create it first
@@ -312,6 +313,7 @@ class Store:
                     # One `autotune run` owns an unshared study: a RUNNING trial was interrupted.
                     # Ask its parameters again first, so the resumed run follows the same path.
                     requeue(study, t, "interrupted (the run was stopped); asked again on resume", self.dists[key])
+                    self._none_queued.discard(key)
                     indexed.add(t.number)
                     requeued.add(t.number)
                 continue
@@ -322,6 +324,7 @@ class Store:
             if is_resource_failure(m):
                 if not self.read_only:          # healed by the next command that may write
                     self._heal(study, t)
+                    self._none_queued.discard(key)
                 continue
             self.measured[key].setdefault(m.config.key, m)
             if t.user_attrs.get("asked") and m.status != INVALID:
@@ -345,6 +348,24 @@ class Store:
         if t.user_attrs.get("asked") and mark not in study.user_attrs:
             study.set_user_attr(mark, "a resource failure (GPU memory or device), measured again")
             study.enqueue_trial(t.params, skip_if_exists=False)
+
+    def enqueue(self, key, params: dict) -> None:
+        """Queue `params` (ladder positions) for the next ask of (part, M)'s study, once."""
+        self._none_queued.discard(key)
+        self.studies[key].enqueue_trial(params, skip_if_exists=True)
+
+    def has_queued(self, key) -> bool:
+        """Whether (part, M)'s study holds a trial queued for its next ask. Read from the storage, except where
+        this process knows: an unshared study's queue grows only by this process's enqueues (each forgets
+        what was known) and shrinks only by its asks, so once read empty it stays empty until one. A shared
+        study's other processes queue too: read every time."""
+        if key in self._none_queued:
+            return False
+        if self.studies[key].get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return True
+        if not self.shared:
+            self._none_queued.add(key)
+        return False
 
     def known(self, key, config: KernelConfig):
         return self.measured[key].get(config.key)
@@ -439,6 +460,7 @@ class Store:
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if "shared_from" in t.user_attrs or (self.shared and t._trial_id not in self.running):
                     continue
+                self._none_queued.discard(key)
                 try:
                     requeue(study, t, why, self.dists[key])
                 except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
