@@ -120,13 +120,13 @@ def _backends(t: Path) -> list:
 
 def _setup_run(root: Path):
     assert main(_run(root, "8")) == 0
-    return _run(root, "8,16"), root / "out"            # adds a batch size: configs, SKU copies, provenance
+    return _run(root, "8,32"), root / "out"            # adds a batch size: configs, SKU copies, provenance
 
 
 def _setup_export(root: Path):
-    assert main(_run(root, "8,16")) == 0
+    assert main(_run(root, "8,32")) == 0
     assert main(_export(root, "8")) == 0
-    return _export(root, "8,16"), root / "exported"
+    return _export(root, "8,32"), root / "exported"
 
 
 def _setup_backends(root: Path):
