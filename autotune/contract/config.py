@@ -71,19 +71,15 @@ def _thaw(value):
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class KernelConfig(Mapping):
+    """Made by `from_entry` only (one place turns an entry into the value)."""
     params: tuple[tuple[str, Any], ...]     # the meta-parameters, canonical: in key order, switches when on
-    num_warps: int | None = None            # None: left to the launcher (Triton's default)
-    num_stages: int | None = None
+    num_warps: int | None                   # None: left to the launcher (Triton's default)
+    num_stages: int | None
     # Read as a mapping of its entry (config[name], config.get(name, default), {**config}): what a family's
     # launch reads, never a dict to change.
-    _entry: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "_entry", canonical({**{k: _thaw(v) for k, v in self.params},
-                                                      **{k: getattr(self, k) for k in LAUNCH
-                                                         if getattr(self, k) is not None}}))
+    _entry: dict = field(repr=False, compare=False, hash=False)
 
     @classmethod
     def from_entry(cls, entry: Mapping, launch: Mapping | None = None) -> KernelConfig:
@@ -95,7 +91,7 @@ class KernelConfig(Mapping):
         for k in LAUNCH:            # what Triton's launch takes: an integer, or the key left out
             if k in full and type(full[k]) is not int:
                 raise ValueError(f"a config's {k} must be an integer, got {full[k]!r:.30}")
-        # Made here in one pass (the search makes thousands a second): fields and the entry, as __post_init__ would
+        # Made here in one pass (the search makes thousands a second): the fields and the entry they read as
         frozen = {k: _freeze(v) for k, v in canonical(full).items()}
         out = object.__new__(cls)
         object.__setattr__(out, "params", tuple((k, v) for k, v in frozen.items() if k not in LAUNCH))
@@ -154,8 +150,8 @@ class KernelConfig(Mapping):
     def __hash__(self):
         return hash((self.params, self.num_warps, self.num_stages))
 
-    def __reduce__(self):           # across a process's pipe: its fields (the entry is made again)
-        return (KernelConfig, (self.params, self.num_warps, self.num_stages))
+    def __reduce__(self):           # across a process's pipe: its entry, made into the value again
+        return (KernelConfig.from_entry, (self.to_entry(),))
 
 
 _JSON_BOOL = {True: "true", False: "false"}

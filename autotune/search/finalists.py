@@ -16,6 +16,7 @@ from autotune.contract.config import KernelConfig
 from autotune.measure.records import Measurement
 
 TUNED = "tuned"
+PAIR = ("gate_up", "down")      # a Triton MoE pair's parts, in the order its configs and times are given
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Choice:
     def pair(cls, M: int, configs: tuple[KernelConfig, KernelConfig], times: tuple[float, float], source: str = TUNED,
              baseline_us: dict | None = None, candidates: list | None = None) -> "Choice":
         """A Triton MoE pair: `configs` (gate_up, down) and their re-measured `times`, in that order."""
-        return cls(M, dict(zip(("gate_up", "down"), configs)), dict(zip(("gate_up", "down"), times)), source,
+        return cls(M, dict(zip(PAIR, configs)), dict(zip(PAIR, times)), source,
                    dict(baseline_us or {}), list(candidates or []))
 
     @classmethod
@@ -139,9 +140,6 @@ class Choice:
                         d.get("source", TUNED), d.get("baseline_us"),
                         [Scored(Finalist(r["source"], {g: entry(r[g]) for g in PAIR}), {g: r[f"{g}_us"] for g in PAIR})
                          for r in d.get("candidates", [])])
-
-
-PAIR = ("gate_up", "down")
 
 
 def _pair_row(s: Scored) -> dict:
